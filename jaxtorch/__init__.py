@@ -1,0 +1,47 @@
+"""jaxtorch: run PyTorch code on JAX.
+
+JAX-first:
+    ```python
+    params, fn = jaxtorch.extract(torch_model)      # dict of jax.Arrays, pure function
+    logits = jax.jit(fn)(params, input_ids)
+    m = jaxtorch.torch_module_to_jax(torch_model)   # an equinox.Module
+    out = jaxtorch.call_torch(torch_fn, *jax_args)  # torch code on JAX values
+    ```
+PyTorch-first (the two-line change):
+    ```python
+    import jaxtorch; jaxtorch.enable_globally()
+    m = MyModel().to("jax"); y = m(torch.randn(3, 8, device="jax"))
+    y.jax(); y.cpu()
+    ```
+"""
+
+from .bridge.api import TorchModule, call_jax, call_torch, extract, torch_module_to_jax
+from .bridge.convert import jax_view, to_jax, to_torch, torch_view
+from .bridge.environment import default_env, disable_globally, enable_globally
+from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, UnsupportedOpError
+from .bridge.random import manual_seed
+from .bridge.tensor import JaxTensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "JaxTensor",
+    "TorchModule",
+    "call_jax",
+    "call_torch",
+    "default_env",
+    "disable_globally",
+    "enable_globally",
+    "extract",
+    "jax_view",
+    "manual_seed",
+    "to_jax",
+    "to_torch",
+    "torch_module_to_jax",
+    "torch_view",
+    "DataDependentError",
+    "DeviceMismatchError",
+    "Float64Error",
+    "MissingKeyError",
+    "UnsupportedOpError",
+]

@@ -1,0 +1,1 @@
+"""The bridge between torch values and JAX values: tensor subclass, interpreter, conversions, API."""

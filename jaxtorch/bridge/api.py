@@ -1,0 +1,151 @@
+"""The JAX-first API: `call_torch`, `call_jax`, `extract`, `torch_module_to_jax`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import torch
+
+from . import pytrees
+from .convert import jax_view, to_jax, torch_view, tree_map
+from .environment import default_env
+from .random import key_scope
+from .tensor import JaxTensor
+
+
+def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> Any:
+    """Run the torch function `fn` on JAX values; return JAX values.
+
+    Every `jax.Array` in `args`/`kwargs` (any nesting) is seen by `fn` as a torch tensor on
+    the `jax` device; factories with no device (`torch.zeros(3)`) make JAX values; plain
+    CPU tensors that `fn` closes over are converted. The result is a JAX pytree (tuples,
+    dicts, dataclasses, `torch.return_types`, Hugging Face `ModelOutput` included), so this
+    composes with `jax.jit`, `jax.grad` and `jax.vmap`.
+
+    **Arguments:**
+    - `fn`: any callable written with torch.
+    - `args`, `kwargs`: its arguments, with `jax.Array`s where tensors go.
+    - `rng`: a JAX PRNG key that random ops (dropout, `torch.rand`, ...) draw from.
+
+    **Returns:** `fn`'s result with each tensor replaced by its `jax.Array`.
+
+    **Example:**
+        ```python
+        y = jax.jit(lambda x: jaxtorch.call_torch(torch.nn.functional.gelu, x))(jnp.ones(3))
+        ```
+    """
+    targs, tkwargs = torch_view((args, kwargs))
+    with default_env(jax_by_default=True), key_scope(rng):
+        out = fn(*targs, **tkwargs)
+    out = jax_view(_jaxify_leftovers(out))
+    pytrees.ensure_registered(out)
+    return out
+
+
+def _jaxify_leftovers(tree):
+    """Plain CPU tensors in a result (e.g. constants) become JAX arrays too."""
+    return tree_map(lambda x: to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree)
+
+
+def call_jax(fn: Callable, *args, **kwargs) -> Any:
+    """Run the JAX function `fn` on torch tensors (jax-device or CPU); return `JaxTensor`s.
+
+    **Example:**
+        ```python
+        y = jaxtorch.call_jax(jnp.sin, torch.ones(3, device="jax"))
+        ```
+    """
+    jargs, jkwargs = jax_view((args, kwargs))
+    jargs, jkwargs = tree_map(lambda x: to_jax(x) if isinstance(x, torch.Tensor) else x, (jargs, jkwargs))
+    return torch_view(fn(*jargs, **jkwargs))
+
+
+def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters then buffers by name, tied tensors once (first name, as `named_parameters` gives)."""
+    state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, p in module.named_parameters(remove_duplicate=True):
+        state[name] = p
+        seen.add(id(p))
+    for name, b in module.named_buffers(remove_duplicate=True):
+        if id(b) not in seen:
+            state[name] = b
+            seen.add(id(b))
+    return state
+
+
+def extract(module: torch.nn.Module) -> tuple[dict[str, jax.Array], Callable]:
+    """Turn a `torch.nn.Module` into `(params, fn)`: a dict of JAX arrays and a pure JAX function.
+
+    `params` holds every parameter and buffer by the name `named_parameters` /
+    `named_buffers` gives; tied weights (GPT-2's `lm_head.weight` and
+    `transformer.wte.weight`) are one entry. `fn(params, *args, rng=None, **kwargs)` runs
+    the module's forward with those values and returns JAX values; it holds no hidden
+    state, so `jax.jit`, `jax.grad` and `jax.vmap` apply. The module's mode
+    (`train()`/`eval()`) at call time is used.
+
+    **Example:**
+        ```python
+        params, fn = jaxtorch.extract(model)
+        logits = jax.jit(fn)(params, input_ids)
+        grads = jax.grad(lambda p: fn(p, x).sum())(params)
+        ```
+    """
+    state = named_state(module)
+    params = {name: to_jax(t.detach()) for name, t in state.items()}
+    lock = threading.Lock()
+
+    def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
+        def run(p, *a, **k):
+            return torch.func.functional_call(module, p, a, k, tie_weights=True, strict=False)
+
+        return call_torch(run, params, *args, rng=rng, **kwargs)
+
+    del lock
+    return params, fn
+
+
+class TorchModule(eqx.Module):
+    """An Equinox module running a torch module: its parameters are JAX leaves.
+
+    Made by `torch_module_to_jax`. Call it like the torch module, with JAX arrays.
+    """
+
+    params: dict[str, jax.Array]
+    module: torch.nn.Module = eqx.field(static=True)
+
+    def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
+        return _fn_cache(self.module)(self.params, *args, rng=rng, **kwargs)
+
+    def __repr__(self) -> str:
+        n = sum(int(v.size) for v in jax.tree_util.tree_leaves(self.params))
+        tree = "\n".join("  " + line for line in repr(self.module).splitlines())
+        return f"TorchModule({type(self.module).__name__}, {len(self.params)} arrays, {n:,} values,\n{tree}\n)"
+
+
+_fns: "dict[int, Callable]" = {}
+
+
+def _fn_cache(module):
+    fn = _fns.get(id(module))
+    if fn is None:
+        _, fn = extract(module)
+        _fns[id(module)] = fn
+    return fn
+
+
+def torch_module_to_jax(module: torch.nn.Module) -> TorchModule:
+    """Wrap a torch module as an `equinox.Module` whose parameters are JAX arrays.
+
+    **Example:**
+        ```python
+        m = jaxtorch.torch_module_to_jax(torch_model)
+        grads = eqx.filter_grad(lambda m, x: m(x).sum())(m, x)
+        m = eqx.apply_updates(m, updates)
+        ```
+    """
+    params, _ = extract(module)
+    return TorchModule(params=params, module=module)

@@ -1,0 +1,103 @@
+"""The `jax` device in torch: PrivateUse1 renamed to "jax", set up as a Python backend.
+
+`torch.device("jax")` names it; `"jax:N"` places data on `jax.devices()[N]`. Tensors on it
+report index 0 (torch's Python backend hook supports one device index for autograd); the
+physical placement, or sharding, is the JAX array's own.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import jax
+import torch
+import torch.utils.backend_registration as _br
+
+DEVICE_TYPE = "jax"
+
+
+class _JaxDeviceModule:
+    """What torch expects of `torch.jax` (a registered device module)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        return jax.device_count()
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        """Called by `torch.manual_seed`: reseeds jaxtorch's eager random generator."""
+        from . import random as _random
+
+        _random.manual_seed(seed)
+
+    manual_seed = manual_seed_all
+
+
+def _load_cpp_guard() -> bool:
+    """Register the C++ device guard (compiled once, cached by torch's cpp_extension)."""
+    if os.environ.get("JAXTORCH_PYTHON_GUARD"):
+        return False
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        src = (Path(__file__).with_name("_device_guard.cpp")).read_text()
+        load_inline("jaxtorch_device_guard", cpp_sources=[src], functions=["jaxtorch_guard_loaded"])
+        return True
+    except Exception as e:  # no compiler: the Python guard still works, errors in backward abort
+        warnings.warn(
+            f"jaxtorch could not build its C++ device guard ({type(e).__name__}: {e}); an exception raised "
+            "inside loss.backward() on the jax device will abort the process. Install a C++ compiler to fix this."
+        )
+        return False
+
+
+CPP_GUARD: bool = False
+
+
+def _setup() -> torch.device:
+    global CPP_GUARD
+    if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
+        torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
+        CPP_GUARD = _load_cpp_guard()
+        _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_JaxDeviceModule())
+    return torch.device(DEVICE_TYPE, 0)
+
+
+JAX_DEVICE: torch.device = _setup()
+
+
+def is_jax_device(device) -> bool:
+    """Whether `device` (a `torch.device`, string or None) names the jax device."""
+    if device is None:
+        return False
+    if isinstance(device, torch.device):
+        return device.type == DEVICE_TYPE
+    if isinstance(device, str):
+        return device.split(":")[0] == DEVICE_TYPE
+    return False
+
+
+def jax_device_of(device) -> jax.Device | None:
+    """The `jax.Device` that `"jax:N"` names, or None for a bare `"jax"` (JAX's default)."""
+    device = torch.device(device)
+    if device.index is None:
+        return None
+    return jax.devices()[device.index]

@@ -1,0 +1,80 @@
+"""Errors raised by jaxtorch. Each says what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class JaxtorchError(RuntimeError):
+    """Base class of jaxtorch's errors."""
+
+
+class UnsupportedOpError(JaxtorchError, NotImplementedError):
+    """An ATen (or custom) op has no JAX lowering and no decomposition."""
+
+    def __init__(self, op, detail: str = ""):
+        name = getattr(op, "name", lambda: str(op))()
+        if "::" in name and "." not in name.split("::")[1]:
+            name = f"{name}.default"
+        msg = (
+            f"jaxtorch has no JAX lowering for the op `{name}`"
+            + (f" ({detail})" if detail else "")
+            + ". Register one with `jaxtorch.register_op(torch.ops."
+            + name.replace("::", ".")
+            + ", jax_impl)`, where jax_impl takes and returns jax arrays; "
+            "or run the model through `jaxtorch.coverage.check(model, *args)` to list every missing op."
+        )
+        super().__init__(msg)
+        self.op = op
+
+
+class DataDependentError(JaxtorchError):
+    """An op whose output shape or Python value depends on array values ran under tracing."""
+
+    def __init__(self, op, hint: str = ""):
+        name = getattr(op, "name", lambda: str(op))()
+        msg = (
+            f"`{name}` produces a shape or Python value that depends on the data, so it cannot be "
+            "traced by jax.jit/grad/vmap (the values are abstract tracers there). "
+            + (hint + " " if hint else "")
+            + "Run it eagerly (outside jax.jit), or rewrite it with a static shape: "
+            "`torch.where(mask, x, 0)` instead of `x[mask]`, `nonzero(size=...)`-style padding, "
+            "or tensor ops instead of `.item()` in Python control flow."
+        )
+        super().__init__(msg)
+        self.op = op
+
+
+class DeviceMismatchError(JaxtorchError):
+    """A plain CPU tensor was mixed into a computation on the `jax` device."""
+
+    def __init__(self, op, other_device):
+        name = getattr(op, "name", lambda: str(op))()
+        super().__init__(
+            f"Expected all tensors to be on the same device, but `{name}` got tensors on jax:0 and "
+            f"{other_device}. Move the CPU tensor with `t.to('jax')` (or register it as a module "
+            "buffer so `.to('jax')` moves it); inside `jaxtorch.call_torch`/`extract` CPU tensors "
+            "are converted automatically."
+        )
+
+
+class Float64Error(JaxtorchError, TypeError):
+    """A float64/complex128 value met JAX with 64-bit mode off."""
+
+    def __init__(self, dtype):
+        super().__init__(
+            f"{dtype} needs JAX's 64-bit mode, which is off. Either call "
+            "`jax.config.update('jax_enable_x64', True)` before creating arrays, or use float32 "
+            "(`tensor.float()`, `torch.set_default_dtype(torch.float32)`)."
+        )
+
+
+class MissingKeyError(JaxtorchError):
+    """A random op ran under tracing without a JAX PRNG key."""
+
+    def __init__(self, op):
+        name = getattr(op, "name", lambda: str(op))()
+        super().__init__(
+            f"`{name}` draws random numbers under jax tracing, but no PRNG key was given, and "
+            "baking one key into the compiled function would repeat the same randomness every call. "
+            "Pass a key: `fn(params, *args, rng=jax.random.key(step))` for `extract`, or "
+            "`jaxtorch.call_torch(f, *args, rng=key)`; or call `model.eval()` to turn dropout off."
+        )

@@ -1,0 +1,419 @@
+"""The interpreter: runs torch ops on `JaxTensor`s as JAX ops.
+
+Data flows one way: torch value -> `jax_view` -> JAX lowering -> `torch_view` -> torch
+value. `dispatch` is the single entry point, called by `JaxTensor.__torch_dispatch__`
+and by `JaxDispatchMode`. For each `OpOverload` it builds, once, a small runner that knows
+how the op treats its arguments (functional, view, in-place, `out=`), and caches it:
+
+1. a registered lowering (`jaxtorch.ops.registry`) runs on the unwrapped arguments;
+2. in-place (`add_`) and `out=` overloads run the functional overload and write back;
+3. otherwise PyTorch's own decomposition (`torch._decomp`) runs, on `JaxTensor`s;
+4. otherwise `UnsupportedOpError` names the op and how to register a lowering.
+
+The modes: `JaxDispatchMode` (below autograd) catches ops with no tensor arguments
+(factories such as `torch.zeros(3)` inside `call_torch`) and `torch.tensor` literals;
+`JaxFunctionMode` (above autograd) sees whole torch functions and gives each a JAX
+named scope while tracing.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+from torch._decomp import decomposition_table
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import ops as _ops  # noqa: F401  (registers all lowerings)
+from ..ops import registry
+from .convert import array_to_torch, tensor_to_jax
+from .device import is_jax_device, jax_device_of
+from .dtypes import to_jax_dtype
+from .errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
+from .random import next_key
+from .tensor import JaxTensor, make_view, write
+
+aten = torch.ops.aten
+_Tracer = jax.core.Tracer
+_local = threading.local()
+
+
+# ---- thread-local state set by call_torch / enable_globally ------------------------------
+def jax_by_default() -> bool:
+    """Whether factories with no device, and CPU tensors, become JAX values (inside call_torch)."""
+    return getattr(_local, "jax_default", 0) > 0
+
+
+class jax_default_scope:
+    """Inside it, this thread's factories default to the jax device and CPU tensors are moved."""
+
+    def __enter__(self):
+        _local.jax_default = getattr(_local, "jax_default", 0) + 1
+
+    def __exit__(self, *exc):
+        _local.jax_default -= 1
+
+
+# ---- argument conversion (the only place torch values become JAX values in dispatch) -----
+def _to_jax_arg(x, func):
+    if isinstance(x, JaxTensor):
+        return x.elem
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 or jax_by_default() or x.device.type == "meta":
+            return tensor_to_jax(x)
+        raise DeviceMismatchError(func, x.device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_jax_arg(y, func) for y in x) if type(x) in (list, tuple) else x
+    if isinstance(x, torch.dtype):
+        return to_jax_dtype(x)
+    return x
+
+
+def _unwrap_args(args, kwargs, func):
+    jargs = [_to_jax_arg(a, func) for a in args]
+    jkwargs = {k: _to_jax_arg(v, func) for k, v in kwargs.items()} if kwargs else {}
+    return jargs, jkwargs
+
+
+def _wrap_out(out):
+    if isinstance(out, (jax.Array, _Tracer)):
+        return JaxTensor(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_out(o) for o in out)
+    return out
+
+
+def _has_tracer(jargs) -> bool:
+    for a in jargs:
+        if isinstance(a, _Tracer):
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(b, _Tracer) for b in a):
+            return True
+    return False
+
+
+# ---- schema helpers -------------------------------------------------------------------------
+def _is_view_op(func) -> bool:
+    rets = func._schema.returns
+    if not rets:
+        return False
+    ai = rets[0].alias_info
+    return ai is not None and not ai.is_write
+
+
+def _mutated_args(func) -> list[tuple[int, str, bool]]:
+    """(position, name, kwarg_only) of every argument the op writes to."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            out.append((i, a.name, a.kwarg_only))
+    return out
+
+
+def _functional_sibling(func):
+    """`aten.add_.Tensor` -> `aten.add.Tensor`; `aten.add.out` -> `aten.add.Tensor`."""
+    schema = func._schema
+    mutated = {m[1] for m in _mutated_args(func)}
+    name = schema.name.split("::")[1]
+    ns = getattr(torch.ops, schema.name.split("::")[0])
+    if name.endswith("_") and not name.endswith("__"):
+        packet = getattr(ns, name[:-1], None)
+        if packet is not None:
+            overload = schema.overload_name or "default"
+            if overload in packet.overloads():
+                return getattr(packet, overload)
+        return None
+    wanted = [a.name for a in schema.arguments if a.name not in mutated]
+    packet = func.overloadpacket
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if cand is func or _mutated_args(cand):
+            continue
+        if [a.name for a in cand._schema.arguments] == wanted:
+            return cand
+    return None
+
+
+# ---- runners --------------------------------------------------------------------------------
+def _call_lowering(func, lowering, args, kwargs):
+    jargs, jkwargs = _unwrap_args(args, kwargs, func)
+    if registry.is_flagged(func, registry.RANDOM):
+        jkwargs["key"] = next_key(func)
+    traced = _has_tracer(jargs) or any(isinstance(v, _Tracer) for v in jkwargs.values())
+    if traced and registry.is_flagged(func, registry.DATA_DEPENDENT):
+        raise DataDependentError(func)
+    try:
+        if traced:
+            with jax.named_scope(func.name()):
+                return lowering(*jargs, **jkwargs), jargs, jkwargs
+        return lowering(*jargs, **jkwargs), jargs, jkwargs
+    except jax.errors.ConcretizationTypeError as e:
+        raise DataDependentError(func, str(e).splitlines()[0]) from e
+
+
+def _make_functional_runner(func, lowering):
+    def run(args, kwargs):
+        out, _, _ = _call_lowering(func, lowering, args, kwargs)
+        return _wrap_out(out)
+
+    return run
+
+
+def _make_view_runner(func, lowering):
+    def run(args, kwargs):
+        out, jargs, jkwargs = _call_lowering(func, lowering, args, kwargs)
+        base = args[0]
+        if not isinstance(base, JaxTensor):
+            return _wrap_out(out)
+        rest, kw = jargs[1:], jkwargs
+        if isinstance(out, (list, tuple)):
+            return type(out)(
+                make_view(base, o, lambda a, i=i: lowering(a, *rest, **kw)[i]) for i, o in enumerate(out)
+            )
+        return make_view(base, out, lambda a: lowering(a, *rest, **kw))
+
+    return run
+
+
+def _make_mutating_runner(func, compute: Callable, mutated):
+    """Run `compute` (functional) then write results into the mutated arguments."""
+    positions = [(i, n, kw) for i, n, kw in mutated]
+
+    def run(args, kwargs):
+        result = compute(args, kwargs)
+        targets = []
+        for i, name, kw_only in positions:
+            t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+            targets.append(t)
+        results = result if isinstance(result, (list, tuple)) and len(targets) > 1 else (result,)
+        for t, r in zip(targets, results):
+            if t is None:
+                continue
+            if not isinstance(t, JaxTensor):
+                raise DeviceMismatchError(func, t.device)
+            value = r.elem if isinstance(r, JaxTensor) else r
+            if tuple(value.shape) != tuple(t.shape):
+                if isinstance(r, JaxTensor) and func._schema.name.endswith("_"):
+                    raise RuntimeError(
+                        f"jaxtorch: in-place `{func.name()}` would change the shape of its target from "
+                        f"{tuple(t.shape)} to {tuple(value.shape)}; use the out-of-place op instead."
+                    )
+                if t.numel() != 0 or True:
+                    raise RuntimeError(
+                        f"jaxtorch: `{func.name()}` writes a result of shape {tuple(value.shape)} into an "
+                        f"`out=` tensor of shape {tuple(t.shape)}; jax-backed tensors cannot be resized, "
+                        "so pass an `out` of the result's shape or use the functional form."
+                    )
+            write(t, value)
+        if len(targets) == 1:
+            return targets[0]
+        return tuple(targets)
+
+    return run
+
+
+def _make_decomp_runner(func, decomp):
+    def run(args, kwargs):
+        return decomp(*args, **kwargs)
+
+    return run
+
+
+def _decomposition(func):
+    d = decomposition_table.get(func)
+    if d is not None:
+        return d
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return func.decompose
+    return None
+
+
+def _build_runner(func) -> Callable:
+    lowering = registry.lookup(func)
+    if lowering is not None:
+        if _is_view_op(func):
+            return _make_view_runner(func, lowering)
+        mutated = _mutated_args(func)
+        if mutated:
+            return _make_mutating_runner(func, _make_functional_runner(func, lowering), mutated)
+        return _make_functional_runner(func, lowering)
+    mutated = _mutated_args(func)
+    if mutated:
+        sibling = _functional_sibling(func)
+        if sibling is not None and registry.lookup(sibling) is not None:
+            inner = _runner(sibling)
+            if func._schema.name.endswith("_"):
+                compute = inner
+            else:  # out= variant: drop the out arguments
+                names = {m[1] for m in mutated}
+                n_pos = len([a for a in sibling._schema.arguments if not a.kwarg_only])
+
+                def compute(args, kwargs, inner=inner, names=names, n_pos=n_pos):
+                    return inner(args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
+
+            return _make_mutating_runner(func, compute, mutated)
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special
+    decomp = _decomposition(func)
+    if decomp is not None:
+        return _make_decomp_runner(func, decomp)
+    if mutated:
+        sibling = _functional_sibling(func)
+        if sibling is not None and (_decomposition(sibling) is not None):
+            inner = _runner(sibling)
+            return _make_mutating_runner(func, inner if func._schema.name.endswith("_") else
+                                         (lambda a, k, inner=inner, m={x[1] for x in mutated}:
+                                          inner(a, {kk: vv for kk, vv in k.items() if kk not in m})), mutated)
+
+    def unsupported(args, kwargs):
+        raise UnsupportedOpError(func)
+
+    return unsupported
+
+
+_RUNNERS: dict[Any, Callable] = {}
+
+
+def _runner(func) -> Callable:
+    r = _RUNNERS.get(func)
+    if r is None:
+        r = _RUNNERS[func] = _build_runner(func)
+    return r
+
+
+def invalidate_cache() -> None:
+    """Forget built runners (after registering or overriding a lowering)."""
+    _RUNNERS.clear()
+
+
+def dispatch(func, args, kwargs):
+    """Run the ATen op `func` on `args`/`kwargs` (which hold `JaxTensor`s) with JAX."""
+    r = _RUNNERS.get(func)
+    if r is None:
+        r = _runner(func)
+    return r(args, kwargs)
+
+
+# ---- ops the bridge itself owns: device moves, scalars, aliasing --------------------------
+def _to_copy(args, kwargs):
+    (x,) = args
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype")
+    if device is not None and not is_jax_device(device):  # jax -> cpu
+        src = x.elem if isinstance(x, JaxTensor) else x
+        t = array_to_torch(src) if isinstance(x, JaxTensor) else x
+        return t.to(dtype=dtype or t.dtype, device=device, copy=True)
+    if isinstance(x, JaxTensor):
+        a = x.elem
+    else:  # cpu -> jax
+        a = tensor_to_jax(x)
+    if dtype is not None:
+        a = a.astype(to_jax_dtype(dtype))
+    if device is not None:
+        d = jax_device_of(device)
+        if d is not None and not isinstance(a, _Tracer):
+            a = jax.device_put(a, d)
+    if a is (x.elem if isinstance(x, JaxTensor) else None):
+        a = a + 0 if a.dtype != np.bool_ else a.copy()  # a copy, as torch makes
+    return JaxTensor(a)
+
+
+def _copy_(args, kwargs):
+    dst, src = args[0], args[1]
+    if isinstance(dst, JaxTensor):
+        write(dst, src.elem if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        return dst
+    # jax -> cpu copy into a plain tensor
+    dst.copy_(array_to_torch(src.elem))
+    return dst
+
+
+def _local_scalar_dense(args, kwargs):
+    a = args[0].elem
+    if isinstance(a, _Tracer):
+        raise DataDependentError(aten._local_scalar_dense.default, "`.item()`/`bool()`/`int()` of a traced tensor.")
+    return np.asarray(a).item()
+
+
+def _lift_fresh(args, kwargs):
+    x = args[0]
+    if isinstance(x, JaxTensor) or not jax_by_default():
+        return x
+    return JaxTensor(tensor_to_jax(x))
+
+
+def _alias_runner(args, kwargs):
+    x = args[0]
+    return make_view(x, x.elem, None)
+
+
+_SPECIAL: dict[Any, Callable] = {
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.lift_fresh.default: _lift_fresh,
+    aten.lift_fresh_copy.default: lambda a, k: _to_copy(a, {}),
+    aten.detach.default: _alias_runner,
+    aten.alias.default: _alias_runner,
+}
+
+
+# ---- the modes ----------------------------------------------------------------------------
+def _is_factory(func, args, kwargs) -> bool:
+    device = kwargs.get("device")
+    if device is not None:
+        return is_jax_device(device)
+    return jax_by_default() and not any(isinstance(a, torch.Tensor) for a in args) and "device" in {
+        a.name for a in func._schema.arguments
+    }
+
+
+class JaxDispatchMode(TorchDispatchMode):
+    """Routes ops on `JaxTensor`s, and factories meant for the jax device, to `dispatch`."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SPECIAL_MODE:
+            return _SPECIAL_MODE[func](func, args, kwargs)
+        if any(issubclass(t, JaxTensor) for t in types):
+            return dispatch(func, args, kwargs)
+        if _is_factory(func, args, kwargs):
+            return dispatch(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _mode_lift(func, args, kwargs):
+    return _lift_fresh(args, kwargs)
+
+
+_SPECIAL_MODE = {aten.lift_fresh.default: _mode_lift}
+
+
+class JaxFunctionMode(TorchFunctionMode):
+    """Sees whole torch functions (above autograd); gives each a JAX named scope when tracing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        return func(*args, **kwargs)
+
+
+# ---- factory kernels for the jax device, so `torch.empty(..., device="jax")` and the
+# composite factories built on it work with or without the modes ---------------------------
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    import jax.numpy as jnp
+
+    return JaxTensor(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _empty(size, dtype)
+
+
+_backend_lib = torch.library.Library("aten", "IMPL")
+_backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
+_backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")

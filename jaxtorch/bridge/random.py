@@ -1,0 +1,70 @@
+"""Where random ops get their JAX PRNG keys.
+
+Inside `call_torch(..., rng=key)` / `extract`'s `fn(..., rng=key)` every random op splits
+the key given for that call (thread-local). Otherwise, eagerly, keys come from a global
+generator seeded by `torch.manual_seed` (or `jaxtorch.manual_seed`). Under tracing with
+no key given, `next_key` raises `MissingKeyError`: a key baked into a compiled function
+would repeat the same randomness at every call.
+
+Example:
+    ```python
+    with key_scope(jax.random.key(0)):
+        k1, k2 = next_key(op), next_key(op)   # two different subkeys
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+from jax._src import core as _jax_core
+
+from .errors import MissingKeyError
+
+_lock = threading.Lock()
+_global = {"key": None, "seed": 0}
+_local = threading.local()
+
+
+def manual_seed(seed: int) -> None:
+    """Reseed the eager generator (called by `torch.manual_seed`)."""
+    with _lock:
+        _global["seed"] = int(seed)
+        _global["key"] = None
+
+
+def _eager_key() -> jax.Array:
+    with _lock:
+        key = _global["key"]
+        if key is None:
+            key = jax.random.key(_global["seed"])
+        key, sub = jax.random.split(key)
+        _global["key"] = key
+    return sub
+
+
+@contextlib.contextmanager
+def key_scope(key):
+    """Make random ops in this thread draw from `key` (None: keep the current behaviour)."""
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append([key])
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def next_key(op=None) -> jax.Array:
+    """A fresh PRNG key for one random op."""
+    stack = getattr(_local, "stack", None)
+    if stack and stack[-1][0] is not None:
+        cell = stack[-1]
+        cell[0], sub = jax.random.split(cell[0])
+        return sub
+    if not _jax_core.trace_state_clean():
+        raise MissingKeyError(op)
+    return _eager_key()

@@ -1,0 +1,216 @@
+"""`JaxTensor`: a `torch.Tensor` whose data is a `jax.Array` (or a JAX tracer).
+
+It is a wrapper subclass: torch sees its shape, dtype and the `jax` device, autograd
+works on it, and every ATen op on it is routed by `__torch_dispatch__` to the interpreter,
+which runs the op's JAX lowering.
+
+Views follow torch semantics. A view (from `view`, `transpose`, `x[0]`, `detach`, ...)
+keeps its root tensor and a JAX function from the root's array to its own; reading it
+replays that function when the root has changed, and writing it (`y.add_(1)`,
+`x[0, 0] = v`) scatters the new values back into the root, so every alias sees the write,
+eagerly and under `jax.jit`.
+
+Example:
+    ```python
+    t = JaxTensor(jnp.ones((2, 3)))
+    t.jax()          # the jax.Array
+    t.cpu()          # a plain CPU torch.Tensor
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .device import JAX_DEVICE
+from .dtypes import to_jax_dtype, to_torch_dtype
+
+
+class JaxTensor(torch.Tensor):
+    """A torch tensor on the `jax` device holding a `jax.Array` or tracer."""
+
+    _jt_elem: Any
+    _jt_base: "JaxTensor | None"
+    _jt_view_fn: Callable | None
+    _jt_version: int
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.shape,
+            dtype=dtype if dtype is not None else to_torch_dtype(elem.dtype),
+            device=JAX_DEVICE,
+            requires_grad=requires_grad,
+        )
+        r._jt_elem = elem
+        r._jt_base = None
+        r._jt_view_fn = None
+        r._jt_version = 0
+        return r
+
+    def __init__(self, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
+        pass
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .interpreter import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+    # Lets `Module.to`/`Module.float` swap parameters in place (torch.utils.swap_tensors).
+    def __tensor_flatten__(self):
+        return [], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):  # pragma: no cover
+        raise NotImplementedError("JaxTensor cannot be rebuilt from inner tensors.")
+
+    # ---- data access -------------------------------------------------------------
+    @property
+    def elem(self):
+        """The current `jax.Array` (or tracer) of this tensor, views replayed if stale."""
+        base = self._jt_base
+        if base is None:
+            return self._jt_elem
+        if self._jt_version != base._jt_version:
+            self._jt_elem = self._jt_view_fn(base._jt_elem)
+            self._jt_version = base._jt_version
+        return self._jt_elem
+
+    def jax(self) -> jax.Array:
+        """The `jax.Array` behind this tensor (no copy)."""
+        return self.elem
+
+    def apply_jax(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
+        """A new tensor holding `fn(self.jax(), *args, **kwargs)`."""
+        return JaxTensor(fn(self.elem, *args, **kwargs))
+
+    def apply_jax_(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
+        """Replace this tensor's data with `fn(self.jax(), *args, **kwargs)` (same shape); returns self."""
+        write(self, fn(self.elem, *args, **kwargs))
+        return self
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        """A NumPy copy of the data (blocks until it is computed)."""
+        return np.asarray(_concrete(self.elem, "Tensor.numpy()"))
+
+    def tolist(self):
+        """Python numbers (nested lists), like `torch.Tensor.tolist`."""
+        return self.cpu().tolist()
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        elem = self.elem
+        sharding = getattr(elem, "sharding", None)
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        if isinstance(elem, jax.core.Tracer):
+            body = f"<traced {elem.aval.str_short()}>"
+        else:
+            body = np.array2string(np.asarray(elem), separator=", ", prefix="tensor(", threshold=64)
+        shard = ""
+        if sharding is not None and not isinstance(elem, jax.core.Tracer) and len(sharding.device_set) > 1:
+            shard = f", sharding={sharding}"
+        return f"tensor({body}, device='jax', dtype={self.dtype}{shard}{grad})"
+
+    __str__ = __repr__
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(repr(self))
+
+
+def _concrete(x, what: str):
+    if isinstance(x, jax.core.Tracer):
+        from .errors import DataDependentError
+
+        raise DataDependentError(what)
+    return x
+
+
+# ---- the two directions of the bridge, for single values -----------------------------
+def wrap(x) -> Any:
+    """jax.Array -> JaxTensor; anything else unchanged."""
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return JaxTensor(x)
+    return x
+
+
+def unwrap(x) -> Any:
+    """JaxTensor -> its jax.Array; anything else unchanged."""
+    if isinstance(x, JaxTensor):
+        return x.elem
+    return x
+
+
+def make_view(base: JaxTensor, elem, view_fn: Callable | None) -> JaxTensor:
+    """A tensor aliasing `base`: reading it replays `view_fn` on the root's data."""
+    root = base._jt_base
+    if root is None:
+        root, fn = base, view_fn
+    else:
+        outer = base._jt_view_fn
+        if view_fn is None:
+            fn = outer
+        elif outer is None:
+            fn = view_fn
+        else:
+            fn = lambda a, f=view_fn, g=outer: f(g(a))  # noqa: E731
+    t = JaxTensor(elem)
+    t._jt_base = root
+    t._jt_view_fn = fn if fn is not None else _identity
+    t._jt_version = root._jt_version
+    return t
+
+
+def _identity(a):
+    return a
+
+
+def write(t: JaxTensor, value) -> None:
+    """Replace the data of `t` with `value` (cast and broadcast to `t`), updating aliases."""
+    target_dtype = to_jax_dtype(t.dtype)
+    value = jnp.asarray(value)
+    if value.dtype != target_dtype:
+        value = value.astype(target_dtype)
+    if value.shape != tuple(t.shape):
+        value = jnp.broadcast_to(value, tuple(t.shape))
+    root = t._jt_base
+    if root is None:
+        t._jt_elem = value
+        t._jt_version += 1
+        return
+    fn = t._jt_view_fn
+    if fn is _identity:
+        new_root = value if value.shape == root._jt_elem.shape else None
+    else:
+        new_root = None
+    if new_root is None:
+        new_root = scatter_view(root._jt_elem, fn, value)
+    root._jt_elem = new_root
+    root._jt_version += 1
+    t._jt_elem = value
+    t._jt_version = root._jt_version
+
+
+def scatter_view(root, view_fn: Callable, value):
+    """`root` with the elements that `view_fn` selects replaced by `value`.
+
+    Every view op is an index map, so applying `view_fn` to an iota over the root's
+    elements says which root element each view element is; under `jax.jit` that iota is a
+    constant and the write is one scatter.
+    """
+    iota = jnp.arange(root.size, dtype=jnp.int32).reshape(root.shape)
+    idx = view_fn(iota)
+    if idx.dtype != jnp.int32 or idx.shape != value.shape:
+        raise RuntimeError(
+            "jaxtorch: this view cannot be written through (it changes dtype or is not an index map); "
+            "write to a `.clone()` instead."
+        )
+    flat = root.reshape(-1).at[idx.reshape(-1)].set(value.reshape(-1).astype(root.dtype))
+    return flat.reshape(root.shape)

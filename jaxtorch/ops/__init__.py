@@ -1,0 +1,28 @@
+"""ATen-to-JAX lowerings, one op family per module, all registered in `registry`.
+
+| module          | family                                                          |
+|-----------------|-----------------------------------------------------------------|
+| `elementwise`   | arithmetic, comparison, logical, bitwise, unary math            |
+| `reductions`    | sum, mean, prod, min/max, var/std, norms, cumulative ops        |
+| `shape`         | views, reshapes, permutes, cat/stack/split, flips, padding      |
+| `indexing`      | index, index_put, gather/scatter, masked ops, where, take       |
+| `creation`      | zeros/ones/full/arange/linspace/eye/tril masks, *_like          |
+| `random`        | rand/randn/bernoulli/dropout/multinomial (keys from the bridge) |
+| `linalg`        | mm/bmm/addmm/einsum, decompositions, solves                     |
+| `nn`            | conv, pooling, normalization, activations, losses, embedding    |
+| `attention`     | scaled_dot_product_attention                                    |
+| `sorting`       | sort/argsort/topk/unique/searchsorted                           |
+| `fft`           | torch.fft                                                       |
+"""
+
+import importlib
+
+from . import registry  # noqa: F401
+
+for _family in ["elementwise", "reductions", "shape", "indexing", "creation", "random",
+                "linalg", "nn", "attention", "sorting", "fft"]:
+    try:
+        importlib.import_module(f"{__name__}.{_family}")
+    except ModuleNotFoundError as e:  # a family not written yet
+        if e.name != f"{__name__}.{_family}":
+            raise

@@ -1,0 +1,96 @@
+"""The table of ATen-to-JAX lowerings.
+
+A lowering is a plain function of JAX values with the signature of the ATen op it
+lowers: tensors arrive as `jax.Array` (or tracers), `torch.dtype` arguments arrive as
+NumPy dtypes, everything else (ints, floats, lists, `torch.device`, `torch.memory_format`)
+arrives unchanged. It returns a `jax.Array`, or a tuple/list of them for multi-output ops.
+
+Example:
+    ```python
+    from jaxtorch.ops.registry import register
+    aten = torch.ops.aten
+
+    @register(aten.hypot)              # every overload of aten::hypot
+    def hypot(a, b):
+        return jnp.hypot(a, b)
+    ```
+
+In-place (`add_`) and `out=` (`add.out`) overloads need no lowering of their own: the
+interpreter runs the functional overload and writes the result back (see
+`jaxtorch.bridge.interpreter`). Keys may be an `OpOverload` (`aten.add.Tensor`), an
+`OpOverloadPacket` (`aten.add`, all overloads) or a custom op (`torch.ops.mylib.bar`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import torch
+
+OpKey = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket]
+Lowering = Callable[..., Any]
+
+_LOWERINGS: dict[Any, Lowering] = {}
+# Ops whose lowering must run eagerly on concrete values (their output shape depends on data).
+DATA_DEPENDENT: set[Any] = set()
+# Ops whose lowering draws random numbers (they receive a `key=` argument).
+RANDOM: set[Any] = set()
+_CACHE: dict[Any, Lowering | None] = {}
+
+
+def register(*ops: OpKey, data_dependent: bool = False, random: bool = False) -> Callable[[Lowering], Lowering]:
+    """Register `fn` as the JAX lowering of each op in `ops`.
+
+    **Arguments:**
+    - `ops`: ATen overloads or packets, e.g. `aten.add.Tensor` or `aten.add`.
+    - `data_dependent`: the output shape depends on input values (e.g. `nonzero`); under
+      `jax.jit` the interpreter raises a clear error instead of calling the lowering.
+    - `random`: the lowering takes a keyword argument `key` (a JAX PRNG key) supplied by
+      the interpreter.
+
+    **Returns:** a decorator that records the function and returns it unchanged.
+    """
+
+    def decorator(fn: Lowering) -> Lowering:
+        for op in ops:
+            _LOWERINGS[op] = fn
+            if data_dependent:
+                DATA_DEPENDENT.add(op)
+            if random:
+                RANDOM.add(op)
+        _CACHE.clear()
+        return fn
+
+    return decorator
+
+
+def lookup(op: torch._ops.OpOverload) -> Lowering | None:
+    """The lowering for `op`: an exact overload entry first, then its packet's entry."""
+    try:
+        return _CACHE[op]
+    except KeyError:
+        pass
+    fn = _LOWERINGS.get(op)
+    if fn is None:
+        packet = getattr(op, "overloadpacket", None)
+        fn = _LOWERINGS.get(packet)
+    _CACHE[op] = fn
+    return fn
+
+
+def is_flagged(op: torch._ops.OpOverload, table: set) -> bool:
+    """Whether `op` (or its packet) was registered with the flag whose set is `table`."""
+    return op in table or getattr(op, "overloadpacket", None) in table
+
+
+def registered_ops() -> list[Any]:
+    """All keys with a lowering (overloads and packets)."""
+    return list(_LOWERINGS)
+
+
+def unregister(op: OpKey) -> None:
+    """Remove the lowering registered under `op` (used by tests and overrides)."""
+    _LOWERINGS.pop(op, None)
+    DATA_DEPENDENT.discard(op)
+    RANDOM.discard(op)
+    _CACHE.clear()
