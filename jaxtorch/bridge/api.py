@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable
 
 import equinox as eqx
@@ -38,6 +39,11 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
         ```
     """
     targs, tkwargs = torch_view((args, kwargs))
+    return _run_torch(fn, targs, tkwargs, rng)
+
+
+def _run_torch(fn: Callable, targs, tkwargs, rng) -> Any:
+    """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result."""
     with default_env(jax_by_default=True), key_scope(rng):
         out = fn(*targs, **tkwargs)
     out = jax_view(_jaxify_leftovers(out))
@@ -77,7 +83,7 @@ def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def extract(module: torch.nn.Module) -> tuple[dict[str, jax.Array], Callable]:
+def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str, jax.Array], Callable]:
     """Turn a `torch.nn.Module` into `(params, fn)`: a dict of JAX arrays and a pure JAX function.
 
     `params` holds every parameter and buffer by the name `named_parameters` /
@@ -85,7 +91,10 @@ def extract(module: torch.nn.Module) -> tuple[dict[str, jax.Array], Callable]:
     `transformer.wte.weight`) are one entry. `fn(params, *args, rng=None, **kwargs)` runs
     the module's forward with those values and returns JAX values; it holds no hidden
     state, so `jax.jit`, `jax.grad` and `jax.vmap` apply. The module's mode
-    (`train()`/`eval()`) at call time is used.
+    (`train()`/`eval()`) at call time is used; random ops draw from `rng`.
+
+    With `mutable=True`, `fn` returns `(output, new_params)`: buffers the forward writes
+    in place (BatchNorm running statistics, ...) come back updated, the rest unchanged.
 
     **Example:**
         ```python
@@ -96,16 +105,33 @@ def extract(module: torch.nn.Module) -> tuple[dict[str, jax.Array], Callable]:
     """
     state = named_state(module)
     params = {name: to_jax(t.detach()) for name, t in state.items()}
-    lock = threading.Lock()
+    lock = _module_lock(module)
+
+    def run(p, *a, **k):
+        return torch.func.functional_call(module, p, a, k, tie_weights=True, strict=False)
 
     def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
-        def run(p, *a, **k):
-            return torch.func.functional_call(module, p, a, k, tie_weights=True, strict=False)
+        tparams = {name: JaxTensor(value) for name, value in params.items()}
+        targs, tkwargs = torch_view((args, kwargs))
+        with lock:  # functional_call swaps the module's attributes while it runs
+            out = _run_torch(run, (tparams, *targs), tkwargs, rng)
+        if not mutable:
+            return out
+        return out, {name: t.elem for name, t in tparams.items()}
 
-        return call_torch(run, params, *args, rng=rng, **kwargs)
-
-    del lock
     return params, fn
+
+
+_locks: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def _module_lock(module: torch.nn.Module) -> threading.RLock:
+    with _locks_guard:
+        lock = _locks.get(module)
+        if lock is None:
+            lock = _locks[module] = threading.RLock()
+        return lock
 
 
 class TorchModule(eqx.Module):
