@@ -1,0 +1,31 @@
+"""Training torch modules with JAX: optax steps, sharding, checkpoints, and the way back to torch.
+
+    ```python
+    init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.adam(1e-3))
+    state = init()
+    state, loss = step(state, x, y, key)
+    jaxtorch.train.save_checkpoint(state, "ckpt.safetensors")
+    jaxtorch.train.load_into(model, state.params)
+    ```
+"""
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .precision import MixedPrecision
+from .sharding import DeviceLoader, data_mesh, shard, shard_batch, shardings
+from .state import TrainState, load_into
+from .step import make_train_step
+
+__all__ = [
+    "CheckpointError",
+    "DeviceLoader",
+    "MixedPrecision",
+    "TrainState",
+    "data_mesh",
+    "load_checkpoint",
+    "load_into",
+    "make_train_step",
+    "save_checkpoint",
+    "shard",
+    "shard_batch",
+    "shardings",
+]
