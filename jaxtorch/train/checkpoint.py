@@ -107,6 +107,7 @@ def _encode_array(x, path: str, arrays: list) -> dict:
         node["key_impl"] = str(jax.random.key_impl(x))
         x = jax.random.key_data(x)
     host = _gather(x)
+    node["shape"] = list(host.shape)  # safetensors stores 0-d tensors as shape (1,)
     if host.dtype in _VIEWED:
         node["dtype"] = str(host.dtype)
         host = host.view(_VIEWED[host.dtype])
@@ -156,7 +157,7 @@ def _sub(shardings, key):
 
 
 def _decode_array(node, arrays, sharding, path):
-    host = arrays[str(node["i"])]
+    host = arrays[str(node["i"])].reshape(node["shape"])
     if "dtype" in node:
         host = host.view(_NAMED_DTYPES[node["dtype"]])
     if node.get("np"):

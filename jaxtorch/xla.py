@@ -1,0 +1,165 @@
+"""torch_xla-style helpers for PyTorch-first training on the `jax` device.
+
+Familiar names, each doing the JAX-native thing. One JAX process drives all of its local
+devices (SPMD), so "ordinal" and "world size" count processes (`jax.process_index()`,
+`jax.process_count()`), not devices; gradients computed on sharded data are already
+global, so `optimizer_step` needs no all-reduce.
+
+Example:
+    ```python
+    import jaxtorch.xla as xm
+    device = xm.xla_device()
+    model = xm.send_to_device(model)                   # bfloat16 if JAXTORCH_USE_BF16=1
+    for x, y in xm.ParallelLoader(train_loader):       # batches sharded over all devices
+        loss = loss_fn(model(x), y); loss.backward()
+        xm.optimizer_step(opt); opt.zero_grad()
+    xm.master_print("done")
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Sequence
+
+import jax
+import torch
+
+from .bridge.device import DEVICE_TYPE
+from .bridge.tensor import JaxTensor
+from .train.sharding import DeviceLoader, data_mesh
+
+BF16_ENV = "JAXTORCH_USE_BF16"
+
+
+def xla_device(n: int | None = None) -> torch.device:
+    """The `jax` device; `xla_device(n)` is `"jax:n"`, which places data on `jax.devices()[n]`."""
+    return torch.device(DEVICE_TYPE) if n is None else torch.device(DEVICE_TYPE, n)
+
+
+def is_xla_tensor(t: Any) -> bool:
+    """Whether `t` is a torch tensor on the `jax` device."""
+    return isinstance(t, JaxTensor) or (isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE)
+
+
+def get_ordinal() -> int:
+    """This process's index among the processes of the run (`jax.process_index()`)."""
+    return jax.process_index()
+
+
+def world_size() -> int:
+    """How many processes take part (`jax.process_count()`); each drives its local devices."""
+    return jax.process_count()
+
+
+def is_master_ordinal() -> bool:
+    """Whether this is process 0."""
+    return jax.process_index() == 0
+
+
+def master_print(*args, **kwargs) -> None:
+    """`print`, on process 0 only."""
+    if is_master_ordinal():
+        print(*args, **kwargs)
+
+
+def use_bf16() -> bool:
+    """Whether the `JAXTORCH_USE_BF16` switch is on (like torch_xla's `XLA_USE_BF16`)."""
+    return os.environ.get(BF16_ENV, "0").lower() not in ("", "0", "false", "no", "off")
+
+
+def send_to_device(obj: Any, device: torch.device | str | None = None) -> Any:
+    """Move a module, tensor or nested structure of tensors to the `jax` device.
+
+    With `JAXTORCH_USE_BF16=1`, float32 parameters and tensors become bfloat16 on the way
+    (the model then computes in bfloat16, as torch_xla does with `XLA_USE_BF16=1`).
+    """
+    device = xla_device() if device is None else torch.device(device)
+    dtype = torch.bfloat16 if use_bf16() else None
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.to(device)
+        if dtype is not None:
+            obj = obj.to(dtype)
+        return obj
+    if isinstance(obj, torch.Tensor):
+        out = obj.to(device)
+        return out.to(dtype) if dtype is not None and out.dtype == torch.float32 else out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(send_to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: send_to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def mark_step() -> None:
+    """No-op: jaxtorch runs each op as it comes (use `jaxtorch.compile`/`jax.jit` to fuse)."""
+
+
+def wait_device_ops() -> None:
+    """Block until queued device work is finished."""
+    jax.effects_barrier()
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, optimizer_args: dict | None = None):
+    """`optimizer.step(**optimizer_args)`; returns its result.
+
+    Under SPMD a gradient computed from a sharded batch is already the global gradient,
+    so no cross-replica reduction is needed; `barrier=True` waits for the device.
+    """
+    out = optimizer.step(**(optimizer_args or {}))
+    if barrier:
+        wait_device_ops()
+    return out
+
+
+class ParallelLoader(DeviceLoader):
+    """Yield each batch of `loader` as `jax`-device tensors sharded along the batch axis.
+
+    **Arguments:**
+    - `loader`: a torch `DataLoader` (or any iterable of tensor batches).
+    - `devices`: the devices to spread over (default: all); or pass `mesh`/`axis`.
+
+    **Example:**
+        ```python
+        for x, y in ParallelLoader(loader):       # torch_xla: pl.MpDeviceLoader(loader, device)
+            ...
+        ```
+    """
+
+    def __init__(self, loader: Iterable, devices: Sequence[Any] | None = None, *, mesh=None, axis: str = "data",
+                 prefetch: int = 1):
+        if mesh is None:
+            jdevs = None
+            if devices is not None:
+                jdevs = [d if isinstance(d, jax.Device) else _jax_device(d) for d in devices]
+            mesh = data_mesh(jdevs, axis)
+        super().__init__(loader, mesh, axis, as_torch=True, prefetch=prefetch)
+
+    def per_device_loader(self, device=None) -> "ParallelLoader":
+        """torch_xla compatibility: the loader itself (one process feeds all its devices)."""
+        return self
+
+
+MpDeviceLoader = ParallelLoader
+
+
+def _jax_device(d) -> jax.Device:
+    d = torch.device(d)
+    return jax.devices()[d.index or 0]
+
+
+__all__ = [
+    "MpDeviceLoader",
+    "ParallelLoader",
+    "get_ordinal",
+    "is_master_ordinal",
+    "is_xla_tensor",
+    "mark_step",
+    "master_print",
+    "optimizer_step",
+    "send_to_device",
+    "use_bf16",
+    "wait_device_ops",
+    "world_size",
+    "xla_device",
+]
