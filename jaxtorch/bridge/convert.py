@@ -32,6 +32,15 @@ from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
 from .tensor import JaxTensor
 
 
+def _is_dtype_like(x) -> bool:
+    """np.dtype, NumPy scalar types, and JAX scalar types such as `jnp.float32`."""
+    if isinstance(x, np.dtype):
+        return True
+    if isinstance(x, type) and issubclass(x, np.generic):
+        return True
+    return type(x).__name__ == "_ScalarMeta" and isinstance(getattr(x, "dtype", None), np.dtype)
+
+
 def _is_jax_array(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer))
 
@@ -49,8 +58,8 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
 def _torch_view_leaf(x):
     if _is_jax_array(x):
         return JaxTensor(x)
-    if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
-        return to_torch_dtype(x)
+    if _is_dtype_like(x):
+        return to_torch_dtype(getattr(x, "dtype", x))
     return x
 
 
@@ -142,8 +151,8 @@ def _to_torch_leaf(x):
         return array_to_torch(x.elem)
     if _is_jax_array(x):
         return array_to_torch(x)
-    if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
-        return to_torch_dtype(x)
+    if _is_dtype_like(x):
+        return to_torch_dtype(getattr(x, "dtype", x))
     return x
 
 

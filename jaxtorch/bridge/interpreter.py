@@ -414,6 +414,16 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return _empty(size, dtype)
 
 
+def _copy_from(src, dst, non_blocking=False):
+    """Device copies that reach the backend with Python dispatch excluded (e.g. in `torch.tensor`)."""
+    if isinstance(dst, JaxTensor):
+        write(dst, src.elem if isinstance(src, JaxTensor) else tensor_to_jax(src))
+    else:
+        dst.copy_(array_to_torch(src.elem))
+    return dst
+
+
 _backend_lib = torch.library.Library("aten", "IMPL")
+_backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
 _backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
 _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")

@@ -65,13 +65,20 @@ class JaxTensor(torch.Tensor):
 
         return dispatch(func, args, kwargs or {})
 
-    # Lets `Module.to`/`Module.float` swap parameters in place (torch.utils.swap_tensors).
-    def __tensor_flatten__(self):
-        return [], None
+    # `t.data = other` (used by `Module._apply` for `.half()`, `.to(dtype)`, ...) must move
+    # the JAX data along with torch's metadata.
+    @property
+    def data(self):
+        return torch._C.TensorBase.data.__get__(self)
 
-    @staticmethod
-    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):  # pragma: no cover
-        raise NotImplementedError("JaxTensor cannot be rebuilt from inner tensors.")
+    @data.setter
+    def data(self, value):
+        torch._C.TensorBase.data.__set__(self, value)
+        if isinstance(value, JaxTensor):
+            self._jt_elem = value.elem
+            self._jt_base = None
+            self._jt_view_fn = None
+            self._jt_version += 1
 
     # ---- data access -------------------------------------------------------------
     @property
