@@ -1,16 +1,635 @@
-"""Reduction lowerings: sums, means, extrema, statistics, cumulative ops."""
+"""Reduction lowerings: sums, means, extrema, statistics, norms, cumulative ops, order statistics.
+
+Torch's reduction semantics, kept here rather than in each op:
+
+- `dim=None` or `dim=[]` reduces every dim; negative dims count from the end; a 0-dim
+  tensor accepts dim 0 / -1 (see `_axes`).
+- integer and bool sums/products accumulate in `int64` (`canonical_int()`); `mean`,
+  `var`, `std` and norms refuse integer inputs the way torch does.
+- extrema propagate NaN; reducing an empty dim with no identity raises `IndexError`.
+- gradients follow torch: `amax`/`max()` share the gradient evenly among ties, while
+  ops returning indices (`max.dim`, `median.dim`, `kthvalue`, `mode`, `cummax`) route it
+  to the returned index, which is why they gather values from the input at that index.
+
+Example:
+    ```python
+    import jax.numpy as jnp, torch, jaxtorch
+    values, idx = jaxtorch.call_torch(lambda x: torch.max(x, dim=1), jnp.ones((2, 3)))
+    ```
+"""
 
 from __future__ import annotations
 
+import functools
+import math
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
-from ._semantics import canon_dims
+from ..bridge.dtypes import canonical_int, default_float, to_torch_dtype
+from ._semantics import category, canon_dim, canon_dims, result_type, to_real
 from .registry import register
+from .sorting import stable_argsort
 
 aten = torch.ops.aten
+_BOOL, _INT, _FLOAT, _COMPLEX = 0, 1, 2, 3
 
 
-@register(aten.sum.default)
-def sum_(a, dtype=None):
-    return jnp.sum(a, dtype=dtype)
+# ---- shared helpers -----------------------------------------------------------------------
+def _axes(a, dim) -> tuple[int, ...]:
+    """Torch's reduction dims (`None`/`[]` = all, negative, 0-dim tensors) as JAX axes."""
+    if a.ndim == 0:
+        if dim is not None:
+            for d in [dim] if isinstance(dim, int) else dim:
+                canon_dim(d, 0)
+        return ()
+    return canon_dims(dim, a.ndim)
+
+
+def _keep(out, a, axes, keepdim: bool):
+    """`out` reduced over `axes` without keepdims -> torch's shape for `keepdim`."""
+    return jnp.expand_dims(out, axes) if keepdim and axes else out
+
+
+def _check_nonempty(name: str, a, axes) -> None:
+    if a.size == 0:
+        for ax in axes or range(a.ndim):
+            if a.shape[ax] == 0:
+                raise IndexError(f"{name}(): Expected reduction dim {ax} to have non-zero size.")
+
+
+def _torch_name(dtype) -> str:
+    return str(to_torch_dtype(dtype)).replace("torch.", "")
+
+
+def _require_float(name: str, a, dtype=None) -> None:
+    if category(dtype if dtype is not None else a.dtype) < _FLOAT:
+        raise RuntimeError(
+            f"{name}(): could not infer output dtype. Input dtype must be either a floating point or complex "
+            f"dtype. Got: {_torch_name(a.dtype).capitalize()}")
+
+
+def _sum_dtype(a, dtype):
+    """The accumulation dtype of sum/prod/cumsum: `dtype`, else int64 for bool/int inputs."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    return canonical_int() if category(a.dtype) < _FLOAT else a.dtype
+
+
+def _along(a, dim: int, fn):
+    """Apply `fn(x, axis)` along torch dim `dim`; 0-dim tensors are treated as shape (1,)."""
+    if a.ndim == 0:
+        canon_dim(dim, 0)
+        out = fn(a.reshape(1), 0)
+        return jax.tree_util.tree_map(lambda o: o.reshape(()), out)
+    return fn(a, canon_dim(dim, a.ndim))
+
+
+def _take(a, idx, axis: int, keepdim: bool):
+    """Values of `a` at indices `idx` (keepdims shape) along `axis`: the gradient goes to `idx`."""
+    out = jnp.take_along_axis(a, idx, axis=axis)
+    return out if keepdim else jnp.squeeze(out, axis)
+
+
+def _index(i):
+    return i.astype(canonical_int())
+
+
+# ---- sums, products, means ---------------------------------------------------------------
+@register(aten.sum.default, aten.sum.dim_IntList)
+def sum_(a, dim=None, keepdim=False, *, dtype=None):
+    """`torch.sum`; bool/int accumulate in int64. `sum_(jnp.ones(3, bool))` -> `3` (int64)."""
+    return jnp.sum(a, axis=_axes(a, dim), keepdims=keepdim, dtype=_sum_dtype(a, dtype))
+
+
+@register(aten.nansum.default)
+def nansum(a, dim=None, keepdim=False, *, dtype=None):
+    """`torch.nansum`: NaNs count as zero."""
+    if category(a.dtype) >= _FLOAT:
+        a = jnp.where(jnp.isnan(a), jnp.zeros((), a.dtype), a)
+    return sum_(a, dim, keepdim, dtype=dtype)
+
+
+@register(aten.prod.default)
+def prod(a, *, dtype=None):
+    """`torch.prod` of all elements; bool/int accumulate in int64."""
+    return jnp.prod(a, dtype=_sum_dtype(a, dtype))
+
+
+@register(aten.prod.dim_int)
+def prod_dim(a, dim, keepdim=False, *, dtype=None):
+    return jnp.prod(a, axis=_axes(a, dim), keepdims=keepdim, dtype=_sum_dtype(a, dtype))
+
+
+@register(aten.mean.default, aten.mean.dim)
+def mean(a, dim=None, keepdim=False, *, dtype=None):
+    """`torch.mean`; integer inputs need an explicit float `dtype`, as in torch."""
+    _require_float("mean", a, dtype)
+    a = a.astype(dtype) if dtype is not None else a
+    return jnp.mean(a, axis=_axes(a, dim), keepdims=keepdim)
+
+
+@register(aten.nanmean.default)
+def nanmean(a, dim=None, keepdim=False, *, dtype=None):
+    """`torch.nanmean`: the mean of the non-NaN elements."""
+    if category(a.dtype) < _FLOAT:
+        raise RuntimeError(f"nanmean(): expected input to have floating point or complex dtype but got "
+                           f"{_torch_name(a.dtype).capitalize()}")
+    a = a.astype(dtype) if dtype is not None else a
+    axes = _axes(a, dim)
+    count = jnp.sum(~jnp.isnan(a), axis=axes, keepdims=keepdim)
+    return nansum(a, dim, keepdim) / count.astype(to_real(a.dtype))
+
+
+# ---- extrema ------------------------------------------------------------------------------
+@register(aten.amax.default)
+def amax(a, dim=(), keepdim=False):
+    """`torch.amax`: NaN-propagating; the gradient is shared evenly among tied maxima."""
+    axes = _axes(a, dim)
+    _check_nonempty("amax", a, axes)
+    return jnp.max(a, axis=axes, keepdims=keepdim)
+
+
+@register(aten.amin.default)
+def amin(a, dim=(), keepdim=False):
+    axes = _axes(a, dim)
+    _check_nonempty("amin", a, axes)
+    return jnp.min(a, axis=axes, keepdims=keepdim)
+
+
+@register(aten.max.default)
+def max_(a):
+    """`torch.max(x)` over all elements (the gradient is shared among ties)."""
+    if a.size == 0:
+        raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0. "
+                           "Specify the reduction dim with the 'dim' argument.")
+    return jnp.max(a)
+
+
+@register(aten.min.default)
+def min_(a):
+    if a.size == 0:
+        raise RuntimeError("min(): Expected reduction dim to be specified for input.numel() == 0. "
+                           "Specify the reduction dim with the 'dim' argument.")
+    return jnp.min(a)
+
+
+def _extreme_dim(name: str, arg, a, dim: int, keepdim: bool):
+    def fn(x, axis):
+        _check_nonempty(name, x, (axis,))
+        idx = arg(x, axis=axis, keepdims=True)
+        return _take(x, idx, axis, keepdim), _index(idx if keepdim else jnp.squeeze(idx, axis))
+
+    return _along(a, dim, fn)
+
+
+@register(aten.max.dim)
+def max_dim(a, dim, keepdim=False):
+    """`torch.max(x, dim)` -> (values, indices): first index of the maximum (NaN counts as largest)."""
+    return _extreme_dim("max", jnp.argmax, a, dim, keepdim)
+
+
+@register(aten.min.dim)
+def min_dim(a, dim, keepdim=False):
+    return _extreme_dim("min", jnp.argmin, a, dim, keepdim)
+
+
+@register(aten.aminmax.default)
+def aminmax(a, *, dim=None, keepdim=False):
+    """`torch.aminmax` -> (min, max)."""
+    axes = _axes(a, dim)
+    if a.size == 0 and any(a.shape[ax] == 0 for ax in (axes or range(a.ndim))):
+        raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has "
+                           "no identity.")
+    if dim is None and keepdim:
+        return jnp.min(a).reshape((1,) * a.ndim), jnp.max(a).reshape((1,) * a.ndim)
+    return jnp.min(a, axis=axes, keepdims=keepdim), jnp.max(a, axis=axes, keepdims=keepdim)
+
+
+def _arg_extreme(name: str, arg, a, dim, keepdim: bool):
+    if dim is None:
+        if a.size == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        out = arg(a.reshape(-1))
+        return _index(out.reshape((1,) * a.ndim) if keepdim else out)
+
+    def fn(x, axis):
+        _check_nonempty(name, x, (axis,))
+        return _index(arg(x, axis=axis, keepdims=keepdim))
+
+    return _along(a, dim, fn)
+
+
+@register(aten.argmax.default)
+def argmax(a, dim=None, keepdim=False):
+    """`torch.argmax`: the first index of the maximum (of the first NaN, if any)."""
+    return _arg_extreme("argmax", jnp.argmax, a, dim, keepdim)
+
+
+@register(aten.argmin.default)
+def argmin(a, dim=None, keepdim=False):
+    return _arg_extreme("argmin", jnp.argmin, a, dim, keepdim)
+
+
+# ---- logical reductions and counts --------------------------------------------------------
+def _logical_out(out, a):
+    return out.astype(np.uint8) if a.dtype == np.uint8 else out
+
+
+@register(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(a, dim=None, keepdim=False):
+    """`torch.all`: bool result (uint8 for uint8 inputs); True over empty dims."""
+    return _logical_out(jnp.all(a != 0, axis=_axes(a, dim), keepdims=keepdim), a)
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(a, dim=None, keepdim=False):
+    return _logical_out(jnp.any(a != 0, axis=_axes(a, dim), keepdims=keepdim), a)
+
+
+@register(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
+def count_nonzero(a, dim=None):
+    """`torch.count_nonzero` -> int64."""
+    return jnp.sum(a != 0, axis=_axes(a, dim), dtype=canonical_int())
+
+
+# ---- variance and standard deviation ------------------------------------------------------
+def _correction(correction=None, unbiased=None) -> float:
+    if correction is not None:
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+def _safe_sqrt(v):
+    """sqrt whose gradient at 0 is 0, as torch's `std` backward masks it."""
+    zero = v == 0
+    return jnp.where(zero, 0, jnp.sqrt(jnp.where(zero, 1, v)))
+
+
+def _var_mean(a, dim, correction, keepdim: bool):
+    if category(a.dtype) < _FLOAT:
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    axes = _axes(a, dim)
+    n = math.prod(a.shape[ax] for ax in axes)
+    m = jnp.mean(a, axis=axes, keepdims=True)
+    d = a - m
+    sq = (d.real * d.real + d.imag * d.imag) if category(a.dtype) == _COMPLEX else d * d
+    denom = jnp.asarray(max(0, n - correction), sq.dtype)
+    var = jnp.sum(sq, axis=axes, keepdims=keepdim) / denom
+    return var, (m if keepdim else jnp.squeeze(m, axes))
+
+
+def _var_args(dim_or_unbiased, unbiased, correction):
+    """Normalize the `var.default(unbiased)` / `var.dim` / `var.correction` overload arguments."""
+    if isinstance(dim_or_unbiased, bool):
+        return None, _correction(correction, dim_or_unbiased)
+    return dim_or_unbiased, _correction(correction, unbiased)
+
+
+@register(aten.var.default, aten.var.dim, aten.var.correction)
+def var(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """`torch.var` with `correction` (default 1): sum((x - mean)^2) / max(0, N - correction)."""
+    dim, c = _var_args(dim, unbiased, correction)
+    return _var_mean(a, dim, c, keepdim)[0]
+
+
+@register(aten.std.default, aten.std.dim, aten.std.correction)
+def std(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, c = _var_args(dim, unbiased, correction)
+    return _safe_sqrt(_var_mean(a, dim, c, keepdim)[0])
+
+
+@register(aten.var_mean.default, aten.var_mean.dim, aten.var_mean.correction)
+def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """`torch.var_mean` -> (var, mean)."""
+    dim, c = _var_args(dim, unbiased, correction)
+    return _var_mean(a, dim, c, keepdim)
+
+
+@register(aten.std_mean.default, aten.std_mean.dim, aten.std_mean.correction)
+def std_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, c = _var_args(dim, unbiased, correction)
+    v, m = _var_mean(a, dim, c, keepdim)
+    return _safe_sqrt(v), m
+
+
+# ---- logsumexp and norms ------------------------------------------------------------------
+@register(aten.logsumexp.default)
+def logsumexp(a, dim=(), keepdim=False):
+    """`torch.logsumexp`; integer inputs are computed in the default float dtype."""
+    if category(a.dtype) < _FLOAT:
+        a = a.astype(default_float())
+    axes = _axes(a, dim)
+    if a.size == 0:
+        return jnp.full(jnp.sum(a, axis=axes, keepdims=keepdim).shape, -jnp.inf, a.dtype)
+    return jax.nn.logsumexp(a, axis=axes, keepdims=keepdim)
+
+
+def _norm_value(x, p: float, axes, keepdim: bool):
+    a = jnp.abs(x)
+    if p == 0:
+        return jnp.sum(a != 0, axis=axes, keepdims=keepdim).astype(a.dtype)
+    if p == math.inf:
+        return jnp.max(a, axis=axes, keepdims=keepdim, initial=0 if a.size == 0 else None)
+    if p == -math.inf:
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if p == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def _vector_norm(x, p: float, axes: tuple, keepdim: bool):
+    """The p-norm of real `x` over `axes`, with torch's gradient (0 where the norm is 0)."""
+    return _norm_value(x, p, axes, keepdim)
+
+
+@_vector_norm.defjvp
+def _vector_norm_jvp(p, axes, keepdim, primals, tangents):
+    (x,), (t,) = primals, tangents
+    n = _norm_value(x, p, axes, True)
+    a, sgn = jnp.abs(x), jnp.sign(x)
+    zero = n == 0
+    if p == 0:
+        scale = jnp.zeros_like(x)
+    elif p == 1:
+        scale = sgn
+    elif p == 2:
+        scale = jnp.where(zero, 0, x / jnp.where(zero, 1, n))
+    elif math.isinf(p):
+        mask = (a == n) | jnp.isnan(a)
+        scale = sgn * mask / jnp.sum(mask, axis=axes, keepdims=True)
+    elif p < 1:
+        scale = sgn * jnp.where(x == 0, 0, a ** (p - 1)) * n ** (1 - p)
+    elif p < 2:
+        scale = sgn * a ** (p - 1) * jnp.where(zero, 0, 1 / jnp.where(zero, 1, n ** (p - 1)))
+    else:
+        scale = x * a ** (p - 2) * jnp.where(zero, 0, 1 / jnp.where(zero, 1, n ** (p - 1)))
+    out = n if keepdim else jnp.squeeze(n, axes)
+    return out, jnp.sum(scale * t, axis=axes, keepdims=keepdim)
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    """torch's `linalg.vector_norm` on a JAX array (real result; float/complex inputs only)."""
+    if category(x.dtype) < _FLOAT:
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                           f"Got {_torch_name(x.dtype).capitalize()}")
+    if dtype is not None:
+        x = x.astype(dtype)
+    axes = _axes(x, dim)
+    p = float(ord)
+    if p < 0 and x.size == 0:
+        raise RuntimeError(f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the "
+                           "operation does not have an identity")
+    if category(x.dtype) == _COMPLEX:
+        x = jnp.abs(x)
+    return _vector_norm(x, p, axes, keepdim)
+
+
+@register(aten.linalg_vector_norm.default)
+def linalg_vector_norm(a, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """`torch.linalg.vector_norm`; the gradient is torch's (0 at a zero norm, shared among inf-norm ties)."""
+    return vector_norm(a, ord, dim, keepdim, dtype)
+
+
+@register(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dtype, aten.norm.ScalarOpt_dim_dtype)
+def norm(a, p=2, dim=None, keepdim=False, *, dtype=None):
+    """`aten.norm` (`torch.norm` with a numeric `p`)."""
+    return vector_norm(a, 2 if p is None else p, dim, keepdim, dtype)
+
+
+@register(aten.frobenius_norm.dim)
+def frobenius_norm(a, dim, keepdim=False):
+    return vector_norm(a, 2, dim, keepdim)
+
+
+@register(aten.dist.default)
+def dist(a, b, p=2):
+    """`torch.dist`: the p-norm of `a - b` (broadcast, promoted)."""
+    dt = result_type(a, b)
+    return vector_norm(a.astype(dt) - b.astype(dt), p)
+
+
+@register(aten.renorm.default)
+def renorm(a, p, dim, maxnorm):
+    """`torch.renorm`: rescale each slice along `dim` whose p-norm exceeds `maxnorm`."""
+    d = canon_dim(dim, a.ndim)
+    axes = tuple(ax for ax in range(a.ndim) if ax != d)
+    n = vector_norm(a, p, axes if axes else None, True) if axes else vector_norm(a, p, None, False)
+    factor = jnp.where(n > maxnorm, maxnorm / (n + 1e-7), 1.0).astype(a.dtype)
+    return a * factor
+
+
+@register(aten.trace.default)
+def trace(a):
+    """`torch.trace` of a matrix; bool/int accumulate in int64."""
+    if a.ndim != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {a.ndim}")
+    return jnp.trace(a, dtype=_sum_dtype(a, None))
+
+
+# ---- cumulative ops -----------------------------------------------------------------------
+@register(aten.cumsum.default)
+def cumsum(a, dim, *, dtype=None):
+    """`torch.cumsum`; bool/int accumulate in int64."""
+    dt = _sum_dtype(a, dtype)
+    return _along(a.astype(dt), dim, lambda x, axis: jnp.cumsum(x, axis=axis))
+
+
+@register(aten.cumprod.default)
+def cumprod(a, dim, *, dtype=None):
+    dt = _sum_dtype(a, dtype)
+    return _along(a.astype(dt), dim, lambda x, axis: jnp.cumprod(x, axis=axis))
+
+
+@register(aten.logcumsumexp.default)
+def logcumsumexp(a, dim):
+    """`torch.logcumsumexp` (a stable cumulative log-sum-exp)."""
+    if category(a.dtype) < _FLOAT:
+        a = a.astype(default_float())
+
+    def fn(x, axis):
+        if x.shape[axis] == 0:
+            return x
+        return jax.lax.cumlogsumexp(x, axis=axis)
+
+    return _along(a, dim, fn)
+
+
+def _cum_extreme(a, dim, better):
+    """(values, indices) of a running extremum: NaN wins, and ties go to the later index (as torch)."""
+    floating = category(a.dtype) >= _FLOAT
+
+    def combine(left, right):
+        (lv, li), (rv, ri) = left, right
+        take_right = better(rv, lv) | (rv == lv)
+        if floating:
+            take_right = jnp.isnan(rv) | (~jnp.isnan(lv) & take_right)
+        return jnp.where(take_right, rv, lv), jnp.where(take_right, ri, li)
+
+    def fn(x, axis):
+        if x.shape[axis] == 0:
+            return x, jnp.zeros(x.shape, canonical_int())
+        shape = [1] * x.ndim
+        shape[axis] = x.shape[axis]
+        pos = jnp.broadcast_to(jnp.arange(x.shape[axis], dtype=canonical_int()).reshape(shape), x.shape)
+        _, idx = jax.lax.associative_scan(combine, (jax.lax.stop_gradient(x), pos), axis=axis)
+        return jnp.take_along_axis(x, idx, axis=axis), idx
+
+    return _along(a, dim, fn)
+
+
+@register(aten.cummax.default)
+def cummax(a, dim):
+    """`torch.cummax` -> (values, indices); among equal maxima the last index, as torch."""
+    return _cum_extreme(a, dim, lambda r, l: r > l)
+
+
+@register(aten.cummin.default)
+def cummin(a, dim):
+    return _cum_extreme(a, dim, lambda r, l: r < l)
+
+
+# ---- order statistics (built on a stable sort, NaN last) ----------------------------------
+def _nan_count(x, axis):
+    if category(x.dtype) < _FLOAT:
+        return jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1:], canonical_int())
+    return jnp.sum(jnp.isnan(x), axis=axis, keepdims=True, dtype=canonical_int())
+
+
+def _median_dim(a, dim, keepdim, ignore_nan: bool):
+    def fn(x, axis):
+        n = x.shape[axis]
+        if n == 0:
+            raise IndexError(f"median(): Expected reduction dim {axis} to have non-zero size.")
+        order = stable_argsort(x, axis)
+        nans = _nan_count(x, axis)
+        if ignore_nan:
+            k = jnp.maximum((n - nans - 1) // 2, 0)
+            pos = jnp.take_along_axis(order, k, axis=axis)
+        else:
+            k = jnp.full_like(nans, (n - 1) // 2)
+            pos = jnp.take_along_axis(order, k, axis=axis)
+            if category(x.dtype) >= _FLOAT:  # any NaN: the first NaN is the median
+                first_nan = jnp.argmax(jnp.isnan(x), axis=axis, keepdims=True).astype(pos.dtype)
+                pos = jnp.where(nans > 0, first_nan, pos)
+        return _take(x, pos, axis, keepdim), _index(pos if keepdim else jnp.squeeze(pos, axis))
+
+    return _along(a, dim, fn)
+
+
+def _median_all(a, ignore_nan: bool):
+    if a.size == 0:
+        return jnp.full((), jnp.nan, a.dtype)
+    flat = a.reshape(-1)
+    s = jnp.sort(flat)
+    nans = jnp.sum(jnp.isnan(flat)) if category(a.dtype) >= _FLOAT else 0
+    if ignore_nan:
+        k = jnp.maximum((flat.size - nans - 1) // 2, 0)
+    else:
+        k = jnp.where(nans > 0, flat.size - 1, (flat.size - 1) // 2)
+    value = s[k]
+    # torch shares the gradient of median() evenly among the elements equal to it
+    mask = (flat == value) | (jnp.isnan(flat) & jnp.isnan(value))
+    w = jax.lax.stop_gradient(mask / jnp.maximum(jnp.sum(mask), 1))
+    return jnp.where(jnp.isnan(value), value, jnp.sum(jnp.where(mask, flat, 0) * w.astype(a.dtype)))
+
+
+@register(aten.median.default)
+def median(a):
+    """`torch.median(x)`: the lower median; NaN if any element is NaN."""
+    if category(a.dtype) < _FLOAT:
+        return jnp.sort(a.reshape(-1))[(a.size - 1) // 2]
+    return _median_all(a, False)
+
+
+@register(aten.nanmedian.default)
+def nanmedian(a):
+    if category(a.dtype) < _FLOAT:
+        return median(a)
+    return _median_all(a, True)
+
+
+@register(aten.median.dim)
+def median_dim(a, dim, keepdim=False):
+    """`torch.median(x, dim)` -> (values, indices), the lower median."""
+    return _median_dim(a, dim, keepdim, False)
+
+
+@register(aten.nanmedian.dim)
+def nanmedian_dim(a, dim, keepdim=False):
+    return _median_dim(a, dim, keepdim, True)
+
+
+@register(aten.kthvalue.default)
+def kthvalue(a, k, dim=-1, keepdim=False):
+    """`torch.kthvalue` -> (values, indices) of the k-th smallest element (1-based)."""
+    def fn(x, axis):
+        if not 1 <= k <= x.shape[axis]:
+            raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {axis}")
+        order = stable_argsort(x, axis)
+        pos = jax.lax.slice_in_dim(order, k - 1, k, axis=axis)
+        return _take(x, pos, axis, keepdim), _index(pos if keepdim else jnp.squeeze(pos, axis))
+
+    return _along(a, dim, fn)
+
+
+@register(aten.mode.default)
+def mode(a, dim=-1, keepdim=False):
+    """`torch.mode` -> (values, indices): the smallest most frequent value and its last index."""
+    def fn(x, axis):
+        n = x.shape[axis]
+        if n == 0:
+            raise IndexError(f"mode(): Expected reduction dim {axis} to have non-zero size.")
+        order = stable_argsort(x, axis)
+        s = jnp.take_along_axis(x, order, axis=axis)
+        pos = jnp.arange(n).reshape([n if ax == axis else 1 for ax in range(x.ndim)])
+        prev = jax.lax.slice_in_dim(s, 0, n - 1, axis=axis)
+        nxt = jax.lax.slice_in_dim(s, 1, n, axis=axis)
+        start = jnp.pad(prev != nxt, [(1, 0) if ax == axis else (0, 0) for ax in range(x.ndim)],
+                        constant_values=True)
+        end = jnp.pad(prev != nxt, [(0, 1) if ax == axis else (0, 0) for ax in range(x.ndim)],
+                      constant_values=True)
+        run_start = jax.lax.cummax(jnp.where(start, pos, 0), axis=axis)
+        freq = jnp.where(end, pos - run_start + 1, 0)
+        best = jnp.argmax(freq, axis=axis, keepdims=True)
+        idx = jnp.take_along_axis(order, best, axis=axis)
+        return _take(x, idx, axis, keepdim), _index(idx if keepdim else jnp.squeeze(idx, axis))
+
+    return _along(a, dim, fn)
+
+
+# ---- histograms ---------------------------------------------------------------------------
+@register(aten.histc.default)
+def histc(a, bins=100, min=0, max=0):
+    """`torch.histc`: `bins` equal-width bins over [min, max] (the data's range when min == max)."""
+    if category(a.dtype) < _FLOAT:
+        raise RuntimeError(f"\"histogram_cpu\" not implemented for '{_torch_name(a.dtype).capitalize()}'")
+    lo, hi = jnp.asarray(min, a.dtype), jnp.asarray(max, a.dtype)
+    if min == max and a.size:
+        lo, hi = jnp.min(a), jnp.max(a)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    flat = a.reshape(-1)
+    inside = (flat >= lo) & (flat <= hi)
+    pos = jnp.floor((flat - lo) * bins / (hi - lo)).astype(jnp.int32)
+    pos = jnp.clip(pos, 0, bins - 1)
+    return jnp.zeros((bins,), a.dtype).at[pos].add(inside.astype(a.dtype))
+
+
+@register(aten.bincount.default, data_dependent=True)
+def bincount(a, weights=None, minlength=0):
+    """`torch.bincount` (eager only: its length is `max(a) + 1`). Int weights give float32, not float64."""
+    if a.ndim != 1:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if a.size and int(jnp.min(a)) < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    length = max(int(jnp.max(a)) + 1 if a.size else 0, minlength)
+    if weights is None:
+        return jnp.zeros((length,), canonical_int()).at[a].add(1)
+    wdt = weights.dtype if category(weights.dtype) >= _FLOAT else default_float()
+    return jnp.zeros((length,), wdt).at[a].add(weights.astype(wdt))
