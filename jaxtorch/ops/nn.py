@@ -1,0 +1,1126 @@
+"""Neural-network lowerings: convolution, pooling, normalization, activations, losses,
+embedding, upsampling, dropout.
+
+Each lowering takes the ATen op's arguments (tensors as JAX arrays) and returns JAX arrays.
+They are written for XLA: convolutions are one `lax.conv_general_dilated`, pooling is
+`lax.reduce_window`, normalizations and softmax compute in float32 for half inputs (as torch
+does) in forms that fuse, and resampling with static weights is a small matmul.
+
+Backward ops (`convolution_backward`, `avg_pool2d_backward`, ...), which torch autograd calls
+on the `jax` device, are the VJP of the forward lowering unless a closed form is shorter.
+
+Example:
+    ```python
+    import jax.numpy as jnp, torch, jaxtorch
+    x, w = jnp.ones((1, 2, 5, 5)), jnp.ones((3, 2, 3, 3))
+    y = jaxtorch.call_torch(torch.nn.functional.conv2d, x, w, padding=1)   # (1, 3, 5, 5)
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ..bridge.dtypes import canonical_int
+from ._semantics import category, result_type
+from .registry import register
+
+aten = torch.ops.aten
+
+_MEAN_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def _opmath(x: jax.Array) -> jax.Array:
+    """Half-precision floats compute in float32, like torch's `opmath_type`."""
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+def _tup(v, n: int) -> tuple[int, ...]:
+    """An int or list (possibly of length 1) -> an n-tuple of ints."""
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(int(a) for a in v)
+    return v * n if len(v) == 1 else v
+
+
+def _vjp(fn: Callable, primals: Sequence, cotangent) -> tuple:
+    """Gradients of `fn` at `primals` for the output cotangent (backward ops as VJPs)."""
+    _, pullback = jax.vjp(fn, *primals)
+    return pullback(cotangent)
+
+
+def _reduce(loss: jax.Array, reduction: int) -> jax.Array:
+    if reduction == 1:
+        return jnp.mean(loss)
+    if reduction == 2:
+        return jnp.sum(loss)
+    return loss
+
+
+def _bcast_channel(v: jax.Array, ndim: int) -> jax.Array:
+    """A per-channel vector shaped (C,) -> (1, C, 1, ...) for an ndim-d NC... input."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _spatial_spec(n: int) -> str:
+    return "DHW"[-n:] if n <= 3 else "".join(chr(ord("a") + i) for i in range(n))
+
+
+# ---- convolution ------------------------------------------------------------------------------
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    n = w.ndim - 2
+    stride, padding, dilation = _tup(stride, n), _tup(padding, n), _tup(dilation, n)
+    sp = _spatial_spec(n)
+    if not transposed:
+        dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
+        return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
+                                        dimension_numbers=dn, feature_group_count=groups)
+    output_padding = _tup(output_padding, n) if output_padding else (0,) * n
+    k = w.shape[2:]
+    if groups == 1:
+        rhs, spec = w, "IO" + sp  # torch's (C_in, C_out, k...) layout, read in place
+    else:
+        cin, cout_g = w.shape[0], w.shape[1]
+        rhs = w.reshape((groups, cin // groups, cout_g) + k)
+        rhs = jnp.swapaxes(rhs, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+        spec = "OI" + sp
+    rhs = lax.rev(rhs, tuple(range(2, 2 + n)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    dn = lax.conv_dimension_numbers(x.shape, rhs.shape, ("NC" + sp, spec, "NC" + sp))
+    return lax.conv_general_dilated(x, rhs, (1,) * n, pads, lhs_dilation=stride, rhs_dilation=dilation,
+                                    dimension_numbers=dn, feature_group_count=groups)
+
+
+@register(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """`F.conv{1,2,3}d` / `conv_transpose{1,2,3}d`: one `lax.conv_general_dilated`."""
+    out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + _bcast_channel(bias, out.ndim).astype(out.dtype)
+    return out
+
+
+@register(aten._convolution.default)
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                 benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
+    return convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@register(aten.convolution_backward.default)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    """Gradients of `convolution` for input, weight and bias (None where `output_mask` is False)."""
+    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)  # noqa: E731
+    gx, gw = _vjp(fn, (input, weight), grad_output)
+    gb = None
+    if output_mask[2]:
+        gb = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim)))
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+# ---- pooling ----------------------------------------------------------------------------------
+def _pool_out(size, k, s, p, d, ceil_mode) -> tuple[int, int]:
+    """torch's pooling output length and the high-side padding it implies (may be negative)."""
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    hi = (out - 1) * s + d * (k - 1) + 1 - size - p
+    return out, hi
+
+
+def _pool_setup(x, n, kernel_size, stride, padding, dilation, ceil_mode):
+    k = _tup(kernel_size, n)
+    s = _tup(stride, n) if stride else k
+    p, d = _tup(padding, n), _tup(dilation, n)
+    lead = x.ndim - n
+    geo = [_pool_out(x.shape[lead + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(n)]
+    pads = [(0, 0, 0)] * lead + [(p[i], geo[i][1], 0) for i in range(n)]
+    return k, s, d, lead, pads
+
+
+def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode, with_indices):
+    k, s, d, lead, pads = _pool_setup(x, n, kernel_size, stride, padding, dilation, ceil_mode)
+    low = -jnp.inf if category(x.dtype) >= 2 else jnp.iinfo(x.dtype).min
+    low = jnp.array(low, x.dtype)
+    window, strides, wdil = (1,) * lead + k, (1,) * lead + s, (1,) * lead + d
+    values = lax.reduce_window(lax.pad(x, low, pads), low, lax.max, window, strides, "VALID",
+                               window_dilation=wdil)
+    if not with_indices:
+        return values
+    spatial = x.shape[lead:]
+    big = jnp.iinfo(jnp.int32).max
+    idx = jnp.broadcast_to(jnp.arange(math.prod(spatial), dtype=jnp.int32).reshape(spatial), x.shape)
+    xs = lax.stop_gradient(x)
+
+    def pick(a, b):
+        (av, ai), (bv, bi) = a, b
+        a_nan, b_nan = av != av, bv != bv
+        take_b = (bv > av) | (b_nan & ~a_nan) | (((bv == av) | (a_nan & b_nan)) & (bi < ai))
+        return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+    _, ind = lax.reduce_window((lax.pad(xs, low, pads), lax.pad(idx, jnp.int32(big), pads)),
+                               (low, jnp.array(big, jnp.int32)), pick, window, strides, "VALID",
+                               window_dilation=wdil)
+    return values, ind.astype(canonical_int())
+
+
+@register(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@register(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@register(aten.max_pool1d_with_indices.default)
+def max_pool1d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 1, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@register(aten.max_pool1d.default)
+def max_pool1d(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 1, kernel_size, stride, padding, dilation, ceil_mode, False)
+
+
+@register(aten.max_pool2d.default)
+def max_pool2d(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode, False)
+
+
+@register(aten.max_pool3d.default)
+def max_pool3d(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode, False)
+
+
+def _scatter_by_index(grad_output, self, indices, n):
+    """Add each output gradient into the input position its flat spatial index names."""
+    lead = self.shape[: self.ndim - n]
+    rows = math.prod(lead)
+    g = grad_output.reshape(rows, -1)
+    ind = indices.reshape(rows, -1)
+    out = jnp.zeros((rows, math.prod(self.shape[self.ndim - n:])), grad_output.dtype)
+    out = out.at[jnp.arange(rows)[:, None], ind].add(g)
+    return out.reshape(self.shape)
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode,
+                                     indices):
+    return _scatter_by_index(grad_output, self, indices, 2)
+
+
+@register(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode,
+                                     indices):
+    return _scatter_by_index(grad_output, self, indices, 3)
+
+
+@register(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _scatter_by_index(grad_output, self, indices, 2)
+
+
+@register(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _scatter_by_index(grad_output, self, indices, 3)
+
+
+def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    k, s, _, lead, pads = _pool_setup(x, n, kernel_size, stride, padding, 1, ceil_mode)
+    window, strides = (1,) * lead + k, (1,) * lead + s
+    xf = _opmath(x)
+    total = lax.reduce_window(lax.pad(xf, jnp.array(0, xf.dtype), pads), jnp.array(0, xf.dtype), lax.add,
+                              window, strides, "VALID")
+    if divisor_override:
+        out = total / divisor_override
+    else:
+        # How many elements each window averages over: a static, data-independent count.
+        spatial = x.shape[lead:]
+        p = _tup(padding, n)
+        ones = jnp.ones(spatial, jnp.float32)
+        if count_include_pad:  # the padded input counts; the ceil_mode overhang does not
+            ones = lax.pad(ones, 1.0, [(pp, pp, 0) for pp in p])
+            ones = lax.pad(ones, 0.0, [(0, pd[1] - pp, 0) for pd, pp in zip(pads[lead:], p)])
+        else:
+            ones = lax.pad(ones, 0.0, pads[lead:])
+        count = lax.reduce_window(ones, 0.0, lax.add, k, s, "VALID")  # constant-folded by XLA
+        out = total / jnp.maximum(count, 1).astype(xf.dtype)
+    if category(x.dtype) < 2:
+        return jnp.trunc(out).astype(x.dtype)
+    return out.astype(x.dtype)
+
+
+@register(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@register(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@register(aten.avg_pool1d.default)
+def avg_pool1d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool(self, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+@register(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    f = lambda x: _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,  # noqa: E731
+                            divisor_override)
+    return _vjp(f, (self,), grad_output)[0]
+
+
+@register(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    f = lambda x: _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,  # noqa: E731
+                            divisor_override)
+    return _vjp(f, (self,), grad_output)[0]
+
+
+def _adaptive_bounds(size: int, out: int) -> list[tuple[int, int]]:
+    return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
+
+
+def _adaptive_avg(x, output_size, n):
+    lead = x.ndim - n
+    out_size = [x.shape[lead + i] if o is None else int(o) for i, o in enumerate(_tup(output_size, n))]
+    xf = _opmath(x)
+    for i, o in enumerate(out_size):
+        ax = lead + i
+        size = xf.shape[ax]
+        if size % o == 0:  # equal windows: a reshape and a mean, which XLA fuses
+            xf = jnp.mean(xf.reshape(xf.shape[:ax] + (o, size // o) + xf.shape[ax + 1:]), axis=ax + 1)
+        else:  # overlapping windows: a static averaging matrix
+            m = np.zeros((o, size), np.float32)
+            for j, (s, e) in enumerate(_adaptive_bounds(size, o)):
+                m[j, s:e] = 1.0 / (e - s)
+            xf = jnp.moveaxis(jnp.tensordot(xf, jnp.asarray(m, xf.dtype), axes=[[ax], [1]]), -1, ax)
+    return xf.astype(x.dtype)
+
+
+@register(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg(self, output_size, 2)
+
+
+@register(aten._adaptive_avg_pool3d.default, aten.adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg(self, output_size, 3)
+
+
+@register(aten.adaptive_avg_pool1d.default)
+def adaptive_avg_pool1d(self, output_size):
+    return _adaptive_avg(self, output_size, 1)
+
+
+@register(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad_output, self):
+    return _vjp(lambda x: _adaptive_avg(x, grad_output.shape[-2:], 2), (self,), grad_output)[0]
+
+
+@register(aten._adaptive_avg_pool3d_backward.default)
+def _adaptive_avg_pool3d_backward(grad_output, self):
+    return _vjp(lambda x: _adaptive_avg(x, grad_output.shape[-3:], 3), (self,), grad_output)[0]
+
+
+def _adaptive_max(x, output_size, n):
+    lead = x.ndim - n
+    out_size = _tup(output_size, n)
+    spatial = x.shape[lead:]
+    flat_index = jnp.zeros((), jnp.int32)
+    for i, o in enumerate(out_size):
+        size = spatial[i]
+        bounds = _adaptive_bounds(size, o)
+        kmax = max(e - s for s, e in bounds)
+        idx = np.array([[min(s + j, e - 1) for j in range(kmax)] for s, e in bounds], np.int32)  # (o, kmax)
+        ax = lead + 2 * i
+        x = jnp.take(x, jnp.asarray(idx.reshape(-1)), axis=ax).reshape(x.shape[:ax] + (o, kmax) + x.shape[ax + 1:])
+        flat_index = flat_index[..., None, None] * size + jnp.asarray(idx) if i else jnp.asarray(idx)
+    # x: lead + (o1, k1, o2, k2, ...) -> lead + (o1, o2, ..., k1*k2*...)
+    perm = tuple(range(lead)) + tuple(lead + 2 * i for i in range(n)) + tuple(lead + 2 * i + 1 for i in range(n))
+    x = jnp.transpose(x, perm).reshape(x.shape[:lead] + tuple(out_size) + (-1,))
+    fperm = tuple(2 * i for i in range(n)) + tuple(2 * i + 1 for i in range(n))
+    flat_index = jnp.transpose(flat_index, fperm).reshape(tuple(out_size) + (-1,))
+    values = jnp.max(x, axis=-1)
+    arg = jnp.argmax(lax.stop_gradient(x), axis=-1)
+    nan_arg = jnp.argmax(jnp.isnan(lax.stop_gradient(x)), axis=-1) if category(x.dtype) >= 2 else arg
+    has_nan = jnp.any(jnp.isnan(lax.stop_gradient(x)), axis=-1) if category(x.dtype) >= 2 else False
+    arg = jnp.where(has_nan, nan_arg, arg)
+    fi = jnp.broadcast_to(flat_index, x.shape[:lead] + flat_index.shape)
+    indices = jnp.take_along_axis(fi, arg[..., None], axis=-1)[..., 0]
+    return values, indices.astype(canonical_int())
+
+
+@register(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max(self, output_size, 2)
+
+
+@register(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max(self, output_size, 3)
+
+
+@register(aten.adaptive_max_pool1d.default)
+def adaptive_max_pool1d(self, output_size):
+    return _adaptive_max(self, output_size, 1)
+
+
+# ---- normalization ----------------------------------------------------------------------------
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd, new_running_mean, new_running_var), torch's formulas."""
+    axes = (0,) + tuple(range(2, input.ndim))
+    x = _opmath(input)
+    if training:
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - _bcast_channel(mean, x.ndim)), axis=axes)
+        invstd = lax.rsqrt(var + eps)
+        new_rm, new_rv = running_mean, running_var
+        if running_mean is not None:
+            new_rm = ((1 - momentum) * running_mean + momentum * mean).astype(running_mean.dtype)
+        if running_var is not None:
+            count = x.size // x.shape[1]
+            unbiased = var * (count / max(count - 1, 1))
+            new_rv = ((1 - momentum) * running_var + momentum * unbiased).astype(running_var.dtype)
+        save_mean, save_invstd = mean, invstd
+    else:
+        mean, invstd = running_mean.astype(x.dtype), lax.rsqrt(running_var.astype(x.dtype) + eps)
+        new_rm, new_rv = running_mean, running_var
+        save_mean = save_invstd = jnp.zeros((0,), x.dtype)
+    scale = invstd if weight is None else invstd * weight.astype(x.dtype)
+    shift = -mean * scale if bias is None else bias.astype(x.dtype) - mean * scale
+    out = x * _bcast_channel(scale, x.ndim) + _bcast_channel(shift, x.ndim)
+    return out.astype(input.dtype), save_mean, save_invstd, new_rm, new_rv
+
+
+# `native_batch_norm` (what `nn.BatchNorm*d` emits) updates running_mean/var in place although its
+# schema does not mark them mutable, so a pure lowering cannot express it: it runs through torch's
+# decomposition, which writes the new statistics with `copy_`. Its functional siblings are lowered here.
+
+
+@register(aten._native_batch_norm_legit_functional.default)
+def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit_no_training.default)
+def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@register(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), rm, rv
+
+
+@register(aten._batch_norm_no_update.default)
+def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None
+    out, mean, invstd, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
+
+
+def _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                      output_mask):
+    def fwd(x, w):
+        if train:
+            return _batch_norm(x, w, None, None, None, True, 0.0, eps)[0]
+        return _batch_norm(x, w, None, running_mean, running_var, False, 0.0, eps)[0]
+
+    w = weight if weight is not None else jnp.ones((input.shape[1],), input.dtype)
+    gx, gw = _vjp(fwd, (input, w), grad_out)
+    gb = jnp.sum(_opmath(grad_out), axis=(0,) + tuple(range(2, grad_out.ndim))).astype(input.dtype)
+    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
+            gb if output_mask[2] else None)
+
+
+@register(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    return _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
+                             eps, output_mask)
+
+
+@register(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                        output_mask, reserve):
+    return _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                             output_mask)
+
+
+def _layer_norm(input, normalized_shape, weight, bias, eps):
+    axis = input.ndim - len(normalized_shape)
+    axes = tuple(range(axis, input.ndim))
+    x = _opmath(input)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    xc = x - mean
+    rstd = lax.rsqrt(jnp.mean(jnp.square(xc), axis=axes, keepdims=True) + eps)
+    out = xc * rstd
+    if weight is not None:
+        out = out * weight.astype(x.dtype)
+    if bias is not None:
+        out = out + bias.astype(x.dtype)
+    return out.astype(input.dtype), mean, rstd
+
+
+@register(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    """(out, mean, rstd); mean and rstd keep the normalized dims as size 1, like torch."""
+    return _layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+@register(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    w = weight if weight is not None else jnp.ones(tuple(normalized_shape), input.dtype)
+    b = bias if bias is not None else jnp.zeros(tuple(normalized_shape), input.dtype)
+    gx, gw, gb = _vjp(lambda x, w_, b_: _layer_norm_given(x, w_, b_, normalized_shape, rstd), (input, w, b),
+                      grad_out)
+    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
+            gb if output_mask[2] and bias is not None else None)
+
+
+def _layer_norm_given(x, w, b, normalized_shape, rstd):
+    """Layer norm recomputed from `x` (statistics re-derived so the VJP includes their gradients)."""
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = _opmath(x)
+    mu = jnp.mean(xf, axis=axes, keepdims=True)
+    # rstd was computed as rsqrt(var + eps); recover eps so the recomputation matches it exactly.
+    var = jnp.mean(jnp.square(xf - mu), axis=axes, keepdims=True)
+    eps = lax.stop_gradient(jnp.reciprocal(jnp.square(rstd.astype(xf.dtype))) - var)
+    out = (xf - mu) * lax.rsqrt(var + eps) * w.astype(xf.dtype) + b.astype(xf.dtype)
+    return out.astype(x.dtype)
+
+
+def _group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = _opmath(input).reshape(N, group, -1)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    xc = x - mean
+    rstd = lax.rsqrt(jnp.mean(jnp.square(xc), axis=-1, keepdims=True) + eps)
+    out = (xc * rstd).reshape(input.shape)
+    if weight is not None:
+        out = out * _bcast_channel(weight.astype(out.dtype), input.ndim)
+    if bias is not None:
+        out = out + _bcast_channel(bias.astype(out.dtype), input.ndim)
+    return out.astype(input.dtype), mean.reshape(N, group), rstd.reshape(N, group)
+
+
+@register(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    return _group_norm(input, weight, bias, N, C, HxW, group, eps)
+
+
+@register(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    xf = _opmath(input).reshape(N, group, -1)
+    var = jnp.mean(jnp.square(xf - jnp.mean(xf, axis=-1, keepdims=True)), axis=-1)
+    eps = jnp.reciprocal(jnp.square(rstd.astype(xf.dtype))) - var  # per group; recovers torch's eps
+    w = weight if weight is not None else jnp.ones((C,), input.dtype)
+    b = jnp.zeros((C,), input.dtype)
+
+    def fwd(x, w_, b_):
+        xx = _opmath(x).reshape(N, group, -1)
+        mu = jnp.mean(xx, axis=-1, keepdims=True)
+        v = jnp.mean(jnp.square(xx - mu), axis=-1, keepdims=True)
+        out = ((xx - mu) * lax.rsqrt(v + lax.stop_gradient(eps)[..., None])).reshape(x.shape)
+        return (out * _bcast_channel(w_, x.ndim) + _bcast_channel(b_, x.ndim)).astype(x.dtype)
+
+    gx, gw, gb = _vjp(fwd, (input, w, b), grad_out)
+    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
+            gb if output_mask[2] else None)
+
+
+def _rms_norm(input, normalized_shape, weight, eps):
+    axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
+    x = _opmath(input)
+    if eps is None:
+        eps = float(jnp.finfo(input.dtype).eps)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + eps)
+    out = x * rstd
+    if weight is not None:
+        out = out * weight.astype(x.dtype)
+    return out.astype(input.dtype), rstd
+
+
+@register(aten.rms_norm.default)
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    return _rms_norm(input, normalized_shape, weight, eps)[0]
+
+
+@register(aten._fused_rms_norm.default)
+def _fused_rms_norm(input, normalized_shape, weight, eps):
+    return _rms_norm(input, normalized_shape, weight, eps)
+
+
+# ---- softmax ----------------------------------------------------------------------------------
+def _softmax_dtype(x, half_to_float):
+    return jnp.float32 if half_to_float and x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+
+
+@register(aten._softmax.default)
+def _softmax(self, dim, half_to_float):
+    """Softmax in float32 for half inputs; `jax.nn.softmax` fuses and has a stable VJP."""
+    out = jax.nn.softmax(_opmath(self), axis=dim) if self.ndim else jnp.ones_like(_opmath(self))
+    return out.astype(_softmax_dtype(self, half_to_float))
+
+
+@register(aten._log_softmax.default)
+def _log_softmax(self, dim, half_to_float):
+    out = jax.nn.log_softmax(_opmath(self), axis=dim) if self.ndim else jnp.zeros_like(_opmath(self))
+    return out.astype(_softmax_dtype(self, half_to_float))
+
+
+@register(aten._safe_softmax.default)
+def _safe_softmax(self, dim, dtype=None):
+    x = _opmath(self if dtype is None else self.astype(dtype))
+    if x.ndim == 0:
+        return jnp.ones_like(x).astype(dtype or self.dtype)
+    out = jax.nn.softmax(x, axis=dim)
+    masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
+    return jnp.where(masked, 0, out).astype(dtype or self.dtype)
+
+
+@register(aten._softmax_backward_data.default)
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _opmath(grad_output), _opmath(output)
+    if y.ndim == 0:
+        return jnp.zeros_like(g).astype(input_dtype)
+    return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).astype(input_dtype)
+
+
+@register(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _opmath(grad_output), _opmath(output)
+    if y.ndim == 0:
+        return jnp.zeros_like(g).astype(input_dtype)
+    return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).astype(input_dtype)
+
+
+# ---- activations ------------------------------------------------------------------------------
+def _act(fn):
+    """Wrap an activation: compute in float32 for half inputs and cast back."""
+
+    def wrapped(self, *args, **kwargs):
+        return fn(_opmath(self), *args, **kwargs).astype(self.dtype)
+
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+def _act_backward(fn):
+    """The backward of an activation `fn(x, *args)` as a VJP (grad_output, self, *args)."""
+
+    def wrapped(grad_output, self, *args):
+        g = _vjp(lambda x: fn(x, *args), (_opmath(self),), _opmath(grad_output))[0]
+        return g.astype(grad_output.dtype)
+
+    return wrapped
+
+
+def _gelu(x, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+def _silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+def _mish(x):
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+def _hardswish(x):
+    return x * jnp.clip(x + 3, 0, 6) / 6
+
+
+def _hardsigmoid(x):
+    return jnp.clip(x + 3, 0, 6) / 6
+
+
+def _softplus(x, beta=1, threshold=20):
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
+
+
+def _elu(x, alpha=1, scale=1, input_scale=1):
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+register(aten.gelu.default)(_act(_gelu))
+register(aten.silu.default)(_act(_silu))
+register(aten.mish.default)(_act(_mish))
+register(aten.hardswish.default)(_act(_hardswish))
+register(aten.hardsigmoid.default)(_act(_hardsigmoid))
+register(aten.softplus.default)(_act(_softplus))
+register(aten.elu.default)(_act(_elu))
+
+
+@register(aten.gelu_backward.default)
+def gelu_backward(grad_output, self, approximate="none"):
+    return _act_backward(_gelu)(grad_output, self, approximate)
+
+
+register(aten.silu_backward.default)(_act_backward(_silu))
+register(aten.mish_backward.default)(_act_backward(_mish))
+register(aten.softplus_backward.default)(_act_backward(_softplus))
+
+
+@register(aten.hardswish_backward.default)
+def hardswish_backward(grad_output, self):
+    g = jnp.where(self < -3, 0, jnp.where(self <= 3, self / 3 + 0.5, 1))
+    return (grad_output * g).astype(grad_output.dtype)
+
+
+@register(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(grad_output, self):
+    return jnp.where((self > -3) & (self < 3), grad_output / 6, 0).astype(grad_output.dtype)
+
+
+@register(aten.elu_backward.default)
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    y = self_or_result
+    if is_result:
+        neg = grad_output * input_scale * (y + alpha * scale)
+    else:
+        neg = grad_output * input_scale * alpha * scale * jnp.exp(y * input_scale)
+    return jnp.where(y > 0, grad_output * scale, neg).astype(grad_output.dtype)
+
+
+@register(aten.celu.default)
+def celu(self, alpha=1.0):
+    x = _opmath(self)
+    return jnp.where(x > 0, x, alpha * jnp.expm1(x / alpha)).astype(self.dtype)
+
+
+@register(aten.selu.default)
+def selu(self):
+    return _elu(_opmath(self), 1.6732632423543772848170429916717, 1.0507009873554804934193349852946).astype(
+        self.dtype)
+
+
+@register(aten.relu.default)
+def relu(self):
+    return jnp.maximum(self, jnp.zeros((), self.dtype)) if self.dtype != jnp.bool_ else self
+
+
+@register(aten.leaky_relu.default)
+def leaky_relu(self, negative_slope=0.01):
+    return jnp.where(self > 0, self, self * negative_slope).astype(self.dtype)
+
+
+@register(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    return jnp.where(self > 0, grad_output, grad_output * negative_slope).astype(grad_output.dtype)
+
+
+@register(aten.hardtanh.default)
+def hardtanh(self, min_val=-1, max_val=1):
+    return jnp.clip(self, min_val, max_val).astype(self.dtype)
+
+
+@register(aten.hardtanh_backward.default)
+def hardtanh_backward(grad_output, self, min_val, max_val):
+    return jnp.where((self <= min_val) | (self >= max_val), 0, grad_output).astype(grad_output.dtype)
+
+
+@register(aten.threshold.default)
+def threshold(self, threshold, value):
+    return jnp.where(self <= threshold, value, self).astype(self.dtype)
+
+
+@register(aten.threshold_backward.default)
+def threshold_backward(grad_output, self, threshold):
+    """ReLU's backward (`threshold_backward(g, out, 0)`)."""
+    return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
+
+
+@register(aten.glu.default)
+def glu(self, dim=-1):
+    a, b = jnp.split(self, 2, axis=dim)
+    return (a * jax.nn.sigmoid(b)).astype(self.dtype)
+
+
+@register(aten.glu_backward.default)
+def glu_backward(grad_output, self, dim):
+    return _vjp(lambda x: glu(x, dim), (self,), grad_output)[0]
+
+
+@register(aten._prelu_kernel.default)
+def _prelu_kernel(self, weight):
+    return jnp.where(self > 0, self, weight * self).astype(result_type(self, weight))
+
+
+@register(aten._prelu_kernel_backward.default)
+def _prelu_kernel_backward(grad_output, self, weight):
+    gx = jnp.where(self > 0, grad_output, weight * grad_output)
+    gw = jnp.where(self > 0, 0, self * grad_output)
+    return gx.astype(self.dtype), gw.astype(weight.dtype)
+
+
+@register(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(self):
+    return jax.nn.log_sigmoid(_opmath(self)).astype(self.dtype), jnp.zeros((0,), self.dtype)
+
+
+@register(aten.log_sigmoid_backward.default)
+def log_sigmoid_backward(grad_output, self, buffer):
+    return (grad_output * jax.nn.sigmoid(-_opmath(self))).astype(grad_output.dtype)
+
+
+# ---- embedding --------------------------------------------------------------------------------
+@register(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """Row lookup; the padding row gets no gradient, as in torch."""
+    out = jnp.take(weight, indices, axis=0)
+    if padding_idx is not None and padding_idx >= 0:
+        out = jnp.where((indices == padding_idx)[..., None], lax.stop_gradient(out), out)
+    return out
+
+
+@register(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1)
+    g = grad_output.reshape(idx.shape[0], -1)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    if padding_idx is not None and padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
+
+
+@register(aten.one_hot.default)
+def one_hot(self, num_classes=-1):
+    if num_classes == -1:
+        num_classes = int(jnp.max(self)) + 1 if self.size else 0  # data-dependent: eager only
+    return (self[..., None] == jnp.arange(num_classes, dtype=self.dtype)).astype(canonical_int())
+
+
+# ---- losses -----------------------------------------------------------------------------------
+def _nll(self, target, weight, reduction, ignore_index):
+    """(loss, total_weight) for (N, C, ...) or (C,) log-probabilities."""
+    cdim = 0 if self.ndim == 1 else 1
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0).astype(jnp.int32)
+    picked = jnp.take_along_axis(self, jnp.expand_dims(safe, cdim), axis=cdim).squeeze(cdim)
+    w = jnp.where(valid, 1, 0).astype(self.dtype) if weight is None else jnp.where(valid, weight[safe], 0)
+    loss = -picked * w
+    if reduction == 0:
+        return loss, jnp.zeros((), self.dtype)
+    total = jnp.sum(w)
+    if reduction == 2:
+        return jnp.sum(loss), total
+    return jnp.sum(loss) / total, total
+
+
+@register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    return _nll(self, target, weight, reduction, ignore_index)
+
+
+@register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    if reduction == 1:  # mean divides by the given total_weight
+        f = lambda x: _nll(x, target, weight, 2, ignore_index)[0] / total_weight  # noqa: E731
+    else:
+        f = lambda x: _nll(x, target, weight, reduction, ignore_index)[0]  # noqa: E731
+    return _vjp(f, (self,), grad_output)[0]
+
+
+def _loss_op(name: str, fn: Callable, *extra_defaults):
+    """Register `aten.<name>` (forward, reduction) and `aten.<name>_backward` as its VJP."""
+
+    def forward(self, target, reduction=1, *extra):
+        extra = extra or extra_defaults
+        dtype = result_type(self, target)
+        return _reduce(fn(self.astype(dtype), target.astype(dtype), *extra), reduction)
+
+    def backward(grad_output, self, target, reduction, *extra):
+        return _vjp(lambda x: forward(x, target, reduction, *extra), (self,), grad_output)[0]
+
+    forward.__name__, backward.__name__ = name, name + "_backward"
+    register(getattr(aten, name).default)(forward)
+    bw = getattr(aten, name + "_backward", None)
+    if bw is not None:
+        register(bw.default)(backward)
+    return forward
+
+
+mse_loss = _loss_op("mse_loss", lambda x, y: jnp.square(x - y))
+l1_loss = _loss_op("l1_loss", lambda x, y: jnp.abs(x - y))
+smooth_l1_loss = _loss_op(
+    "smooth_l1_loss",
+    lambda x, y, beta: (jnp.abs(x - y) if beta == 0 else
+                        jnp.where(jnp.abs(x - y) < beta, 0.5 * jnp.square(x - y) / beta, jnp.abs(x - y) - 0.5 * beta)),
+    1.0)
+huber_loss = _loss_op(
+    "huber_loss",
+    lambda x, y, delta: jnp.where(jnp.abs(x - y) < delta, 0.5 * jnp.square(x - y),
+                                  delta * (jnp.abs(x - y) - 0.5 * delta)),
+    1.0)
+soft_margin_loss = _loss_op("soft_margin_loss", lambda x, y: jnp.log1p(jnp.exp(-y * x)))
+
+
+def _bce(x, y, weight):
+    loss = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
+    return loss if weight is None else loss * weight
+
+
+@register(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=1):
+    return _reduce(_bce(self, target, weight), reduction).astype(self.dtype)
+
+
+@register(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
+    # torch's closed form (clamped denominator), not the VJP of the clamped logs.
+    g = (self - target) / jnp.maximum((1 - self) * self, 1e-12)
+    if weight is not None:
+        g = g * weight
+    if reduction == 1:
+        g = g / self.size
+    return (g * grad_output).astype(self.dtype)
+
+
+@register(aten.binary_cross_entropy_with_logits.default)
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
+    log_sig, log_sig_neg = jax.nn.log_sigmoid(self), jax.nn.log_sigmoid(-self)
+    if pos_weight is not None:
+        loss = -(pos_weight * target * log_sig + (1 - target) * log_sig_neg)
+    else:
+        loss = -(target * log_sig + (1 - target) * log_sig_neg)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+@register(aten.kl_div.default)
+def kl_div(self, target, reduction=1, log_target=False):
+    if log_target:
+        loss = jnp.exp(target) * (target - self)
+    else:
+        loss = jnp.where(target > 0, target * (jnp.log(jnp.where(target > 0, target, 1)) - self), 0)
+        loss = loss.astype(result_type(self, target))
+    return _reduce(loss, reduction)
+
+
+# ---- resampling -------------------------------------------------------------------------------
+def _src_scale(in_size, out_size, align_corners, scale):
+    if align_corners:
+        return (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale, cubic=False) -> np.ndarray:
+    """The static (out, in) weights of linear / cubic interpolation along one axis."""
+    s = _src_scale(in_size, out_size, align_corners, scale)
+    dst = np.arange(out_size, dtype=np.float64)
+    src = dst * s if align_corners else (dst + 0.5) * s - 0.5
+    m = np.zeros((out_size, in_size), np.float64)
+    rows = np.arange(out_size)
+    if not cubic:
+        src = np.maximum(src, 0.0)
+        i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+        i1 = np.minimum(i0 + 1, in_size - 1)
+        lam = src - i0
+        np.add.at(m, (rows, i0), 1 - lam)
+        np.add.at(m, (rows, i1), lam)
+        return m
+    a = -0.75
+    i0 = np.floor(src).astype(np.int64)
+    t = src - i0
+
+    def c1(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def c2(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    coeffs = [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+    for off, c in zip((-1, 0, 1, 2), coeffs):
+        np.add.at(m, (rows, np.clip(i0 + off, 0, in_size - 1)), c)
+    return m
+
+
+def _resample_linear(x, output_size, align_corners, scales, cubic=False):
+    n = len(output_size)
+    lead = x.ndim - n
+    xf = _opmath(x)
+    for i, o in enumerate(output_size):
+        ax = lead + i
+        sc = scales[i] if scales else None
+        if x.shape[ax] == o and (sc is None or sc == 1.0):
+            continue
+        m = jnp.asarray(_linear_matrix(x.shape[ax], int(o), align_corners, sc, cubic), xf.dtype)
+        xf = jnp.moveaxis(jnp.tensordot(xf, m, axes=[[ax], [1]]), -1, ax)
+    return xf.astype(x.dtype)
+
+
+def _resample_nearest(x, output_size, scales, exact):
+    n = len(output_size)
+    lead = x.ndim - n
+    for i, o in enumerate(output_size):
+        ax = lead + i
+        size = x.shape[ax]
+        s = _src_scale(size, int(o), False, scales[i] if scales else None)
+        dst = np.arange(int(o), dtype=np.float64)
+        src = np.floor((dst + 0.5) * s) if exact else np.floor(dst * np.float32(s))
+        idx = np.minimum(src.astype(np.int64), size - 1).astype(np.int32)
+        if size != o or not np.array_equal(idx, np.arange(size)):
+            x = jnp.take(x, jnp.asarray(idx), axis=ax)
+    return x
+
+
+def _scales(*s):
+    return None if all(v is None for v in s) else list(s)
+
+
+@register(aten.upsample_nearest1d.default)
+def upsample_nearest1d(self, output_size, scales=None):
+    return _resample_nearest(self, output_size, _scales(scales), False)
+
+
+@register(aten.upsample_nearest2d.default)
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_h, scales_w), False)
+
+
+@register(aten.upsample_nearest3d.default)
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_d, scales_h, scales_w), False)
+
+
+@register(aten._upsample_nearest_exact1d.default)
+def _upsample_nearest_exact1d(self, output_size, scales=None):
+    return _resample_nearest(self, output_size, _scales(scales), True)
+
+
+@register(aten._upsample_nearest_exact2d.default)
+def _upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_h, scales_w), True)
+
+
+@register(aten._upsample_nearest_exact3d.default)
+def _upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_d, scales_h, scales_w), True)
+
+
+@register(aten.upsample_linear1d.default)
+def upsample_linear1d(self, output_size, align_corners, scales=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales))
+
+
+@register(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales_h, scales_w))
+
+
+@register(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales_d, scales_h, scales_w))
+
+
+@register(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales_h, scales_w), cubic=True)
+
+
+def _upsample_backward(forward):
+    def backward(grad_output, output_size, input_size, *args):
+        x = jnp.zeros(tuple(input_size), grad_output.dtype)
+        return _vjp(lambda a: forward(a, output_size, *args), (x,), grad_output)[0]
+
+    return backward
+
+
+for _name, _fwd in [("upsample_nearest1d", upsample_nearest1d), ("upsample_nearest2d", upsample_nearest2d),
+                    ("upsample_nearest3d", upsample_nearest3d),
+                    ("_upsample_nearest_exact1d", _upsample_nearest_exact1d),
+                    ("_upsample_nearest_exact2d", _upsample_nearest_exact2d),
+                    ("_upsample_nearest_exact3d", _upsample_nearest_exact3d),
+                    ("upsample_linear1d", upsample_linear1d), ("upsample_bilinear2d", upsample_bilinear2d),
+                    ("upsample_trilinear3d", upsample_trilinear3d), ("upsample_bicubic2d", upsample_bicubic2d)]:
+    register(getattr(aten, _name + "_backward").default)(_upsample_backward(_fwd))
+
+
+@register(aten.pixel_shuffle.default)
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    *b, c, h, w = self.shape
+    x = self.reshape(tuple(b) + (c // (r * r), r, r, h, w))
+    n = len(b)
+    x = jnp.transpose(x, tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2))
+    return x.reshape(tuple(b) + (c // (r * r), h * r, w * r))
+
+
+@register(aten.pixel_unshuffle.default)
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    *b, c, h, w = self.shape
+    n = len(b)
+    x = self.reshape(tuple(b) + (c, h // r, r, w // r, r))
+    x = jnp.transpose(x, tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
+    return x.reshape(tuple(b) + (c * r * r, h // r, w // r))
+
+
+@register(aten.im2col.default)
+def im2col(self, kernel_size, dilation, padding, stride):
+    """`F.unfold`: (N, C*kh*kw, L) patches, C-major like torch."""
+    batched = self.ndim == 4
+    x = self if batched else self[None]
+    if x.shape[0] == 0:  # XLA's patch extraction needs a batch; the result is empty anyway
+        shape = im2col(jnp.zeros((1,) + x.shape[1:], x.dtype), kernel_size, dilation, padding, stride).shape
+        return jnp.zeros((0,) + shape[1:] if batched else shape[1:], self.dtype)
+    p = _tup(padding, 2)
+    patches = lax.conv_general_dilated_patches(x, _tup(kernel_size, 2), _tup(stride, 2), [(q, q) for q in p],
+                                               rhs_dilation=_tup(dilation, 2),
+                                               dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                               precision=lax.Precision.HIGHEST)
+    out = patches.reshape(patches.shape[0], patches.shape[1], -1).astype(self.dtype)
+    return out if batched else out[0]
+
+
+@register(aten.col2im.default)
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    """`F.fold`: the transpose of `im2col` (overlapping patches add up)."""
+    batched = self.ndim == 3
+    cols = self if batched else self[None]
+    kh, kw = _tup(kernel_size, 2)
+    c = cols.shape[1] // (kh * kw)
+    x = jnp.zeros((cols.shape[0], c) + tuple(output_size), self.dtype)
+    out = _vjp(lambda a: im2col(a, kernel_size, dilation, padding, stride), (x,), cols)[0]
+    return out if batched else out[0]
+
+
+# ---- dropout ----------------------------------------------------------------------------------
+@register(aten.native_dropout.default, random=True)
+def native_dropout(input, p, train, *, key):
+    """(output, mask): keeps each element with probability 1 - p and scales it by 1 / (1 - p)."""
+    if train is not None and not train:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    if p >= 1:
+        return jnp.zeros_like(input), jnp.zeros(input.shape, jnp.bool_)
+    mask = jax.random.bernoulli(key, 1.0 - p, input.shape)
+    return jnp.where(mask, input / (1.0 - p), 0).astype(input.dtype), mask
+
+
+@register(aten.native_dropout_backward.default)
+def native_dropout_backward(grad_output, mask, scale):
+    return (grad_output * mask * scale).astype(grad_output.dtype)
