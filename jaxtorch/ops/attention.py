@@ -1,0 +1,125 @@
+"""Scaled dot-product attention, lowered as one fused JAX expression.
+
+`aten::scaled_dot_product_attention` is CompositeImplicitAutograd: left alone, torch
+decomposes it into a dozen small ops (the "math" path) before jaxtorch sees it. Registering
+a `PrivateUse1` (the `jax` device) kernel makes the dispatcher skip that decomposition, so the
+op reaches `__torch_dispatch__` whole and lowers to two `dot_general`s around a masked
+softmax, which XLA fuses. When torch autograd must record the op (a tensor on the `jax`
+device that requires grad), an `AutogradPrivateUse1` kernel routes it to torch's
+differentiable math path instead, so `loss.backward()` keeps working.
+
+Example:
+    ```python
+    import jax.numpy as jnp, torch, jaxtorch
+    q = jnp.ones((2, 4, 8, 16))
+    out = jaxtorch.call_torch(torch.nn.functional.scaled_dot_product_attention, q, q, q, is_causal=True)
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from ..bridge.random import next_key
+from .registry import register
+
+aten = torch.ops.aten
+
+
+def _masked_softmax(scores: jax.Array) -> jax.Array:
+    """Softmax over the last axis where rows that are entirely -inf give 0, not NaN (torch's
+    `_safe_softmax`), at the cost of a plain softmax."""
+    m = lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.exp(scores - m)
+    denom = jnp.sum(e, axis=-1, keepdims=True)
+    return e / jnp.where(denom == 0, 1, denom)
+
+
+def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, rng=None):
+    """softmax(q k^T * scale + mask) v, with torch's semantics.
+
+    **Arguments:** `q` (..., Hq, L, E), `k` (..., Hk, S, E), `v` (..., Hk, S, Ev); `attn_mask`
+    broadcastable to (..., Hq, L, S), bool (True = attend) or additive float; `is_causal` keeps
+    the lower triangle (top-left aligned); `enable_gqa` lets Hq be a multiple of Hk without
+    materializing repeated keys/values; `rng` is the key for `dropout_p > 0`.
+
+    **Returns:** (..., Hq, L, Ev) in the dtype of `q`; half inputs accumulate in float32.
+    """
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    acc = jnp.float32 if q.dtype in (jnp.bfloat16, jnp.float16) else q.dtype
+    groups = q.shape[-3] // k.shape[-3] if (enable_gqa and q.ndim >= 3 and q.shape[-3] != k.shape[-3]) else 1
+    if groups > 1:  # (..., Hk, G, L, E) against (..., Hk, 1, S, E): no repeat of k and v
+        q = q.reshape(q.shape[:-3] + (k.shape[-3], groups, L, E))
+        k, v = k[..., None, :, :], v[..., None, :, :]
+    qs = q * jnp.asarray(scale, q.dtype)
+    scores = jnp.einsum("...le,...se->...ls", qs, k, preferred_element_type=acc)
+    if groups > 1 and attn_mask is not None and attn_mask.ndim >= 3:
+        attn_mask = jnp.broadcast_to(attn_mask, attn_mask.shape[:-3] + (q.shape[-4] * groups,) + attn_mask.shape[-2:]) \
+            if attn_mask.shape[-3] == 1 else attn_mask
+        attn_mask = attn_mask.reshape(attn_mask.shape[:-3] + (q.shape[-4], groups) + attn_mask.shape[-2:])
+    if is_causal:
+        scores = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), scores, -jnp.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == jnp.bool_:
+            scores = jnp.where(attn_mask, scores, -jnp.inf)
+        else:
+            scores = scores + attn_mask.astype(acc)
+    p = _masked_softmax(scores)
+    if dropout_p > 0:
+        keep = jax.random.bernoulli(rng, 1.0 - dropout_p, p.shape)
+        p = jnp.where(keep, p / (1.0 - dropout_p), 0)
+    out = jnp.einsum("...ls,...sv->...lv", p.astype(v.dtype), v, preferred_element_type=acc)
+    if groups > 1:
+        out = out.reshape(out.shape[:-4] + (out.shape[-4] * groups,) + out.shape[-2:])
+    return out.astype(q.dtype)
+
+
+@register(aten.scaled_dot_product_attention.default)
+def scaled_dot_product_attention(query, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                                 enable_gqa=False):
+    rng = next_key(aten.scaled_dot_product_attention.default) if dropout_p > 0 else None
+    return sdpa(query, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng)
+
+
+@register(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _scaled_dot_product_flash_attention_for_cpu(query, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                                                scale=None):
+    """(output, logsumexp): the CPU flash kernel's outputs."""
+    rng = next_key(aten._scaled_dot_product_flash_attention_for_cpu.default) if dropout_p > 0 else None
+    out = sdpa(query, k, v, attn_mask, dropout_p, is_causal, scale, False, rng)
+    L, S, E = query.shape[-2], k.shape[-2], query.shape[-1]
+    sc = 1.0 / math.sqrt(E) if scale is None else scale
+    scores = jnp.einsum("...le,...se->...ls", query.astype(jnp.float32), k.astype(jnp.float32)) * sc
+    if is_causal:
+        scores = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), scores, -jnp.inf)
+    if attn_mask is not None:
+        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
+    return out, jax.nn.logsumexp(scores, axis=-1)
+
+
+# ---- keep the op whole on the jax device (see the module docstring) ---------------------------
+def _sdpa_below_autograd(*args, **kwargs):  # never runs: JaxTensor's Python key takes the call first
+    raise RuntimeError("jaxtorch: scaled_dot_product_attention reached the jax backend kernel without a JaxTensor")
+
+
+def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                   enable_gqa=False):
+    if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask)):
+        return aten._scaled_dot_product_attention_math.default(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+    with torch._C._AutoDispatchBelowAutograd():
+        return aten.scaled_dot_product_attention.default(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("scaled_dot_product_attention", _sdpa_below_autograd, "PrivateUse1")
+_lib.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
