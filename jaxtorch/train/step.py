@@ -180,7 +180,8 @@ def make_train_step(
         return compiled(state, inputs, targets, rng)
 
     run.__doc__ = step.__doc__ = "step(state, inputs, targets, rng=None) -> (state, loss): one optimizer update."
-    run.lower = getattr(compiled, "lower", None)
+    run.lower = getattr(compiled, "lower", None)  # AOT: step.lower(state, x, y, key).compile()
+    run.pure = step  # the un-jitted pure function (for make_jaxpr, shard_map, custom jit options)
     return init, run
 
 

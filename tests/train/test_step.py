@@ -1,0 +1,235 @@
+"""make_train_step, extract(mutable=True) and rng, against eager PyTorch."""
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+import jaxtorch
+from jaxtorch.train import MixedPrecision, make_train_step
+
+from ._models import BNNet, CNN, MLP
+
+
+def mse(out, y):
+    return jnp.mean((out - y) ** 2)
+
+
+def _data(n=8, d=8, k=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g), torch.randn(n, k, generator=g)
+
+
+def _torch_steps(model, opt, batches):
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _assert_params_match(state_params, model, atol=1e-5):
+    for name, t in model.state_dict().items():
+        np.testing.assert_allclose(np.asarray(state_params[name], np.float64), t.double().numpy(), atol=atol,
+                                   rtol=1e-5, err_msg=name)
+
+
+# ---- extract(mutable=True) and rng -------------------------------------------------------
+def test_batchnorm_stats_match_torch():
+    model = BNNet().train()
+    ref = copy.deepcopy(model)
+    params, fn = jaxtorch.extract(model, mutable=True)
+    x = torch.randn(16, 6) * 3 + 1
+    for _ in range(3):
+        out, params = jax.jit(fn)(params, jaxtorch.to_jax(x))
+        expected = ref(x)
+    np.testing.assert_allclose(out, expected.detach().numpy(), atol=1e-4)
+    for name in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+        np.testing.assert_allclose(params[name], ref.state_dict()[name].numpy(), atol=1e-4, err_msg=name)
+    assert int(params["bn.num_batches_tracked"]) == 3
+    assert model.bn.num_batches_tracked.item() == 0  # the module itself is untouched
+
+
+def test_eval_mode_leaves_buffers():
+    model = BNNet().eval()
+    params, fn = jaxtorch.extract(model, mutable=True)
+    out, new = fn(params, jnp.ones((4, 6)))
+    for k in params:
+        np.testing.assert_array_equal(new[k], params[k])
+    np.testing.assert_allclose(out, model(torch.ones(4, 6)).detach().numpy(), atol=1e-5)
+
+
+def test_dropout_follows_key_under_jit():
+    model = torch.nn.Dropout(0.5).train()
+    params, fn = jaxtorch.extract(model)
+    f = jax.jit(fn)
+    x = jnp.ones((64,))
+    a, b, c = f(params, x, rng=jax.random.key(1)), f(params, x, rng=jax.random.key(1)), f(params, x, rng=jax.random.key(2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert set(np.unique(np.asarray(a)).tolist()) <= {0.0, 2.0}
+    with pytest.raises(jaxtorch.MissingKeyError):
+        f(params, x)
+
+
+# ---- make_train_step ---------------------------------------------------------------------
+def test_sgd_matches_torch():
+    model = MLP()
+    ref = copy.deepcopy(model)
+    init, step = make_train_step(model, mse, optax.sgd(0.1, momentum=0.9))
+    state = init()
+    batches = [_data(seed=i) for i in range(4)]
+    losses = []
+    for x, y in batches:
+        state, loss = step(state, x, y)
+        losses.append(float(loss))
+    expected = _torch_steps(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), batches)
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    _assert_params_match(state.params, ref)
+    assert int(state.step) == 4
+
+
+def test_adam_with_batchnorm_matches_torch():
+    model = BNNet().train()
+    ref = copy.deepcopy(model)
+    init, step = make_train_step(model, mse, optax.adam(1e-2))
+    state = init()
+    batches = [(torch.randn(16, 6), torch.randn(16, 2)) for _ in range(5)]
+    losses = []
+    for x, y in batches:
+        state, loss = step(state, x, y)
+        losses.append(float(loss))
+    expected = _torch_steps(ref, torch.optim.Adam(ref.parameters(), lr=1e-2), batches)
+    np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-5)
+    _assert_params_match(state.params, ref, atol=1e-4)
+
+
+def test_frozen_params_are_bit_identical():
+    model = MLP()
+    init, step = make_train_step(model, mse, optax.adam(1e-2), trainable="fc2.*")
+    state = init()
+    before = {k: np.array(v) for k, v in state.params.items()}
+    assert set(state.opt_state[0].mu) == {"fc2.weight", "fc2.bias"}
+    for i in range(3):
+        state, _ = step(state, *_data(seed=i))
+    for k in ("fc1.weight", "fc1.bias"):
+        assert np.array_equal(np.asarray(state.params[k]), before[k]) and state.params[k].dtype == before[k].dtype
+    assert not np.array_equal(np.asarray(state.params["fc2.weight"]), before["fc2.weight"])
+
+    _, step2 = make_train_step(model, mse, optax.sgd(0.1), trainable=lambda name, v: name.endswith("bias"))
+    init2, _ = make_train_step(model, mse, optax.sgd(0.1), trainable=lambda name, v: name.endswith("bias"))
+    s = init2()
+    s2, _ = step2(s, *_data())
+    np.testing.assert_array_equal(s2.params["fc1.weight"], s.params["fc1.weight"])
+    assert not np.array_equal(s2.params["fc1.bias"], s.params["fc1.bias"])
+
+
+def test_accumulation_equals_full_batch():
+    model = MLP()
+    x, y = _data(n=16)
+    init, step = make_train_step(model, mse, optax.adam(1e-2))
+    init4, step4 = make_train_step(model, mse, optax.adam(1e-2), accumulate=4)
+    s1, s4 = init(), init4()
+    for _ in range(2):
+        s1, l1 = step(s1, x, y)
+        s4, l4 = step4(s4, x, y)
+    np.testing.assert_allclose(l4, l1, rtol=1e-5)
+    for k in s1.params:
+        np.testing.assert_allclose(s4.params[k], s1.params[k], atol=1e-5, err_msg=k)
+    with pytest.raises(ValueError, match="does not divide"):
+        make_train_step(model, mse, optax.sgd(0.1), accumulate=3)[1](init(), x, y)
+
+
+def test_accumulation_threads_batchnorm_stats():
+    model = BNNet().train()
+    ref = copy.deepcopy(model)
+    init, step = make_train_step(model, mse, optax.sgd(0.0), accumulate=2)
+    x, y = torch.randn(16, 6), torch.randn(16, 2)
+    state, _ = step(init(), x, y)
+    ref(x[:8]), ref(x[8:])  # torch: two micro-batches, two running-stat updates
+    for name in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+        np.testing.assert_allclose(state.params[name], ref.state_dict()[name].numpy(), atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("policy", [True, "dots_saveable", "nothing_saveable"])
+def test_remat_gives_same_step(policy):
+    model = CNN()
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
+
+    def xent(logits, labels):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    init, step = make_train_step(model, xent, optax.adam(1e-2))
+    initr, stepr = make_train_step(model, xent, optax.adam(1e-2), remat=policy)
+    key = jax.random.key(0)
+    (s, l), (sr, lr) = step(init(), x, y, key), stepr(initr(), x, y, key)
+    np.testing.assert_allclose(lr, l, rtol=1e-6)
+    for k in s.params:
+        np.testing.assert_allclose(sr.params[k], s.params[k], atol=1e-6, err_msg=k)
+    jx, jy = jaxtorch.to_jax(x), jaxtorch.to_jax(y)
+    assert "remat" in str(jax.make_jaxpr(stepr.pure)(initr(), jx, jy, key))
+    assert "remat" not in str(jax.make_jaxpr(step.pure)(init(), jx, jy, key))
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_train_step(model, xent, optax.sgd(0.1), remat="no_such_policy")
+
+
+def test_dropout_masks_differ_by_key_and_need_one():
+    model = CNN().train()
+
+    def xent(logits, labels):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    init, step = make_train_step(model, xent, optax.sgd(0.1))
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
+    s = init()
+    (_, a), (_, b), (_, c) = step(s, x, y, jax.random.key(0)), step(s, x, y, jax.random.key(0)), step(s, x, y, jax.random.key(1))
+    assert float(a) == float(b) and float(a) != float(c)
+    with pytest.raises(jaxtorch.MissingKeyError):
+        step(s, x, y)
+
+
+def test_mixed_precision_keeps_fp32_master_weights():
+    model = MLP()
+    x, y = _data(n=16)
+    init, step = make_train_step(model, mse, optax.adam(1e-2))
+    initm, stepm = make_train_step(model, mse, optax.adam(1e-2), mixed_precision="bf16")
+    s, sm = init(), initm()
+    for _ in range(3):
+        s, l = step(s, x, y)
+        sm, lm = stepm(sm, x, y)
+    assert all(v.dtype == jnp.float32 for v in sm.params.values())
+    assert lm.dtype == jnp.float32
+    np.testing.assert_allclose(lm, l, rtol=3e-2)  # bf16 has 8 mantissa bits
+    assert not np.array_equal(np.asarray(lm), np.asarray(l))  # the forward really ran in bf16
+    hlo = stepm.lower(sm, jaxtorch.to_jax(x), jaxtorch.to_jax(y)).as_text()
+    assert "bf16" in hlo
+
+    init16, step16 = make_train_step(model, mse, optax.sgd(0.1), mixed_precision=MixedPrecision(loss_scale=128.0))
+    s16, l16 = step16(init16(), x, y)
+    _, lref = make_train_step(model, mse, optax.sgd(0.1), mixed_precision="bf16")[1](init16(), x, y)
+    np.testing.assert_allclose(l16, lref, rtol=1e-6)  # the reported loss is unscaled
+
+
+def test_inputs_as_tuple_and_dict():
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, a, b=None):
+            return self.fc(a) + self.fc(b)
+
+    model = Two()
+    a, b, y = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 2)
+    init, step = make_train_step(model, mse, optax.sgd(0.1))
+    _, l1 = step(init(), (a, b), y)
+    _, l2 = step(init(), {"a": a, "b": b}, y)
+    expected = torch.nn.functional.mse_loss(model(a, b), y).item()
+    np.testing.assert_allclose([float(l1), float(l2)], [expected] * 2, rtol=1e-5)
