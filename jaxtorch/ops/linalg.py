@@ -1,15 +1,597 @@
-"""Linear algebra lowerings: matmuls, einsum, decompositions and solves."""
+"""Linear algebra lowerings: matmuls, einsum, decompositions and solves.
+
+Matmuls lower to `jnp.matmul`/`lax.dot_general` at the operand dtype (torch requires the
+operands of `mm` to share a dtype, so nothing is promoted; integer matmuls stay integer).
+Decompositions use `jax.lax.linalg`, which on the CPU calls the same LAPACK routines as
+PyTorch (getrf, potrf, geqrf, syevd, geev, gesdd), so sign and phase conventions agree.
+Pivots are returned 1-based (`int32`), as LAPACK and torch do; `info` outputs are zeros
+unless a failure is detectable from the result.
+
+Example:
+    ```python
+    @register(aten.mv)
+    def mv(a, v):
+        return jnp.matmul(a, v)
+    ```
+"""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-import torch
+import functools
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from jax.lax import linalg as lax_linalg
+from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-exported
+
+from ..bridge.dtypes import canonical_int
+from ._semantics import canon_dim, category, is_array, to_float
 from .registry import register
 
 aten = torch.ops.aten
 
 
-@register(aten.mm.default)
+# ---- helpers -------------------------------------------------------------------------------
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    x = jnp.swapaxes(x, -1, -2)
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+def _eye_like(a, n=None):
+    n = a.shape[-1] if n is None else n
+    return jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape[:-2] + (n, n))
+
+
+def _broadcast_batch(a, b):
+    """Broadcast the batch dims (all but the last two) of two matrices against each other."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _info(batch_shape):
+    return jnp.zeros(batch_shape, jnp.int32)
+
+
+def _empty(dtype):
+    return jnp.zeros((0,), dtype)
+
+
+def _scaled_sum(self, prod, beta, alpha):
+    """torch's `beta * self + alpha * prod`; `beta == 0` ignores `self` (NaN included).
+
+    Like ATen's kernels, the scalars are first cast to the result dtype (0.5 -> 0 for ints).
+    """
+    out_dtype = prod.dtype
+    cat = category(out_dtype)
+    cast = bool if cat == 0 else int if cat == 1 else (lambda x: x)
+    beta, alpha = cast(beta), cast(alpha)
+    if alpha != 1:
+        prod = prod & alpha if cat == 0 else prod * alpha
+    if beta == 0:
+        return jnp.broadcast_to(prod, jnp.broadcast_shapes(self.shape, prod.shape)).astype(out_dtype)
+    if cat == 0:
+        return self | prod
+    if beta != 1:
+        self = self * beta
+    return (self + prod).astype(out_dtype)
+
+
+# ---- products ---------------------------------------------------------------------------
+@register(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def mm(a, b):
-    return a @ b
+    """`a @ b` at the operand dtype. Example: `mm(jnp.ones((2, 3)), jnp.ones((3, 4))).shape == (2, 4)`."""
+    if a.dtype == np.bool_:
+        return jnp.matmul(a.astype(np.int32), b.astype(np.int32)) != 0
+    return jnp.matmul(a, b)
+
+
+@register(aten.mm.dtype, aten.bmm.dtype)
+def mm_dtype(a, b, out_dtype):
+    return jnp.matmul(a, b, preferred_element_type=out_dtype).astype(out_dtype)
+
+
+@register(aten.mv.default)
+def mv(a, v):
+    return mm(a, v)
+
+
+@register(aten.dot.default, aten.inner.default)
+def dot(a, b):
+    if a.ndim <= 1 and b.ndim <= 1:
+        return mm(a, b) if a.ndim and b.ndim else a * b
+    return jnp.inner(a, b)
+
+
+@register(aten.vdot.default)
+def vdot(a, b):
+    return jnp.vdot(a, b)
+
+
+@register(aten.outer.default, aten.ger.default)
+def outer(a, b):
+    dtype = jnp.promote_types(a.dtype, b.dtype)
+    if dtype == np.bool_:
+        return a[:, None] & b[None, :]
+    return a[:, None].astype(dtype) * b[None, :].astype(dtype)
+
+
+@register(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    """`beta * self + alpha * (mat1 @ mat2)`; with `beta=0`, NaN in `self` is ignored."""
+    return _scaled_sum(self, mm(mat1, mat2), beta, alpha)
+
+
+@register(aten.addmm.dtype, aten.baddbmm.dtype)
+def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1):
+    return _scaled_sum(self.astype(out_dtype), mm_dtype(mat1, mat2, out_dtype), beta, alpha)
+
+
+@register(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled_sum(self, mm(batch1, batch2), beta, alpha)
+
+
+@register(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    if batch1.dtype == np.bool_:
+        prod = jnp.einsum("bij,bjk->ik", batch1.astype(np.int32), batch2.astype(np.int32)) != 0
+    else:
+        prod = jnp.einsum("bij,bjk->ik", batch1, batch2)
+    return _scaled_sum(self, prod, beta, alpha)
+
+
+@register(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _scaled_sum(self, mm(mat, vec), beta, alpha)
+
+
+@register(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    return _scaled_sum(self, outer(vec1, vec2), beta, alpha)
+
+
+@register(aten.einsum.default)
+def einsum(equation, tensors, *, path=None):
+    return jnp.einsum(equation, *tensors, optimize=True)
+
+
+@register(aten.tensordot.default)
+def tensordot(a, b, dims_a, dims_b):
+    return jnp.tensordot(a, b, axes=(tuple(dims_a), tuple(dims_b)))
+
+
+@register(aten.kron.default)
+def kron(a, b):
+    return jnp.kron(a, b)
+
+
+@register(aten.linalg_cross.default)
+def linalg_cross(a, b, *, dim=-1):
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+    return jnp.cross(a, b, axis=canon_dim(dim, len(shape)))
+
+
+@register(aten.linalg_vecdot.default)
+def linalg_vecdot(x, y, *, dim=-1):
+    x = jnp.conj(x) if jnp.iscomplexobj(x) else x
+    return jnp.sum(x * y, axis=dim)
+
+
+# ---- determinants and inverses ----------------------------------------------------------
+def _lu_factor(a):
+    """(LU, 1-based int32 pivots, permutation) of a (batched) matrix."""
+    lu, piv, perm = lax_linalg.lu(a)
+    return lu, piv + 1, perm
+
+
+def _lu_info(lu):
+    """LAPACK getrf's info: 1 + the first exactly-zero pivot of U, else 0."""
+    k = min(lu.shape[-2:])
+    if k == 0:
+        return _info(lu.shape[:-2])
+    d = jnp.diagonal(lu, axis1=-2, axis2=-1)[..., :k]
+    zero = d == 0
+    first = jnp.argmax(zero, axis=-1).astype(jnp.int32) + 1
+    return jnp.where(jnp.any(zero, axis=-1), first, 0).astype(jnp.int32)
+
+
+@register(aten._linalg_det.default)
+def linalg_det(a):
+    lu, piv, _ = _lu_factor(lax.stop_gradient(a))
+    return jnp.linalg.det(a), lu, piv
+
+
+@register(aten._linalg_slogdet.default)
+def linalg_slogdet(a):
+    lu, piv, _ = _lu_factor(lax.stop_gradient(a))
+    sign, logabs = jnp.linalg.slogdet(a)
+    return sign, logabs, lu, piv
+
+
+@register(aten.logdet.default)
+def logdet(a):
+    sign, logabs = jnp.linalg.slogdet(a)
+    if jnp.iscomplexobj(a):
+        return jnp.log(sign) + logabs
+    return jnp.where(sign < 0, jnp.nan, jnp.where(sign == 0, -jnp.inf, logabs))
+
+
+@register(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a, *, check_errors=False):
+    return jnp.linalg.inv(a), _info(a.shape[:-2])
+
+
+@register(aten.linalg_inv.default, aten.inverse.default)
+def linalg_inv(a):
+    return jnp.linalg.inv(a)
+
+
+def _is_vector_rhs(a, b):
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+def _solve(a, b, left=True):
+    vector = _is_vector_rhs(a, b)
+    if vector:
+        b = b[..., None]
+    if not left:
+        a, b = _mT(a), _mT(b)
+    a, b = _broadcast_batch(a, b)
+    x = jnp.linalg.solve(a, b)
+    if not left:
+        x = _mT(x)
+    return x[..., 0] if vector else x
+
+
+@register(aten._linalg_solve_ex.default)
+def linalg_solve_ex(a, b, *, left=True, check_errors=False):
+    x = _solve(a, b, left)
+    lu, piv, _ = _lu_factor(lax.stop_gradient(_mT(a) if not left else a))
+    return x, lu, piv, _lu_info(lu)
+
+
+@register(aten.linalg_solve.default)
+def linalg_solve(a, b, *, left=True):
+    return _solve(a, b, left)
+
+
+def _tri_solve(a, b, *, upper, left=True, unit=False, transpose=False, conjugate=False):
+    a, b = _broadcast_batch(a, b)
+    return lax_linalg.triangular_solve(a, b, left_side=left, lower=not upper, transpose_a=transpose,
+                                       conjugate_a=conjugate, unit_diagonal=unit)
+
+
+@register(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    """Solve `a x = b` (or `x a = b` with `left=False`) for triangular `a`."""
+    return _tri_solve(a, b, upper=upper, left=left, unit=unitriangular)
+
+
+@register(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    x = _tri_solve(a, b, upper=upper, unit=unitriangular, transpose=transpose)
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return x, jnp.broadcast_to(a, batch + a.shape[-2:]) + jnp.zeros((), a.dtype)
+
+
+# ---- cholesky -----------------------------------------------------------------------------
+def _cholesky(a, upper=False):
+    # torch reads the lower triangle only; so does LAPACK potrf('L') without symmetrizing.
+    l = lax_linalg.cholesky(_sym_from_lower(a), symmetrize_input=False)
+    return _mH(l) if upper else l
+
+
+def _sym_from_lower(a):
+    """The Hermitian matrix whose lower triangle is `a`'s (torch reads only that triangle)."""
+    low = jnp.tril(a, -1)
+    d = jnp.diagonal(a, axis1=-2, axis2=-1)
+    d = d.real.astype(a.dtype) if jnp.iscomplexobj(a) else d
+    return low + _mH(low) + d[..., None] * jnp.eye(a.shape[-1], dtype=a.dtype)
+
+
+@register(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
+    l = _cholesky(a, upper)
+    d = jnp.diagonal(l, axis1=-2, axis2=-1)
+    if d.shape[-1] == 0:
+        return l, _info(a.shape[:-2])
+    bad = ~jnp.isfinite(d.real if jnp.iscomplexobj(d) else d)
+    info = jnp.where(jnp.any(bad, axis=-1), jnp.argmax(bad, axis=-1) + 1, 0).astype(jnp.int32)
+    return l, info
+
+
+@register(aten.linalg_cholesky.default)
+def linalg_cholesky(a, *, upper=False):
+    return _cholesky(a, upper)
+
+
+@register(aten.cholesky.default)
+def cholesky(a, upper=False):
+    return _cholesky(a, upper)
+
+
+@register(aten.cholesky_solve.default)
+def cholesky_solve(b, l, upper=False):
+    """Solve `A x = b` with `A = l l^H` (or `u^H u` when `upper`)."""
+    if upper:
+        l = _mH(l)
+    y = _tri_solve(l, b, upper=False)
+    return _tri_solve(l, y, upper=False, transpose=True, conjugate=jnp.iscomplexobj(l))
+
+
+@register(aten.cholesky_inverse.default)
+def cholesky_inverse(l, upper=False):
+    return cholesky_solve(_eye_like(l), l, upper)
+
+
+# ---- QR, eigen, SVD -------------------------------------------------------------------
+@register(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    if mode == "r":
+        return _empty(a.dtype), jnp.linalg.qr(a, mode="r")
+    return tuple(jnp.linalg.qr(a, mode=mode))
+
+
+@register(aten.geqrf.default)
+def geqrf(a):
+    return tuple(_lax_linalg_private.geqrf(a))
+
+
+def _householder_steps(a, tau, ncols):
+    """Q[:, :ncols] = H_1 ... H_k as differentiable matmuls (k = len(tau), static)."""
+    m = a.shape[-2]
+    q = _eye_like(a, m)
+    rows = jnp.arange(m)
+    for i in range(tau.shape[-1]):
+        v = jnp.where(rows > i, a[..., :, i], jnp.where(rows == i, 1, 0).astype(a.dtype))
+        t = tau[..., i][..., None, None]
+        # Q <- Q (I - t v v^H)
+        qv = jnp.matmul(q, v[..., :, None])
+        q = q - t * qv * jnp.conj(v)[..., None, :]
+    return q[..., :ncols]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _householder(a, tau, ncols):
+    if ncols == a.shape[-1] and a.shape[-2] >= ncols:
+        return lax_linalg.householder_product(a, tau)
+    return _householder_steps(a, tau, ncols)
+
+
+@_householder.defjvp
+def _householder_jvp(ncols, primals, tangents):
+    return jax.jvp(lambda a, t: _householder_steps(a, t, ncols), primals, tangents)
+
+
+@register(aten.linalg_householder_product.default, aten.orgqr.default)
+def linalg_householder_product(a, tau):
+    """The first n columns of `H_1 ... H_k`, `H_i = I - tau_i v_i v_i^H` (LAPACK orgqr)."""
+    return _householder(a, tau, a.shape[-1])
+
+
+@register(aten.ormqr.default)
+def ormqr(a, tau, c, left=True, transpose=False):
+    m = a.shape[-2]
+    pad = m - a.shape[-1]
+    a_sq = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, max(pad, 0))])[..., :m]
+    q = _householder(a_sq, tau, m)
+    if transpose:
+        q = _mH(q)
+    return jnp.matmul(q, c) if left else jnp.matmul(c, q)
+
+
+@register(aten._linalg_eigh.default)
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    v, w = lax_linalg.eigh(a, lower=(UPLO == "L"), symmetrize_input=False)
+    return (w, v) if compute_v else (w, _empty(a.dtype))
+
+
+@register(aten.linalg_eig.default)
+def linalg_eig(a):
+    w, v = jnp.linalg.eig(a)
+    return w, v
+
+
+@register(aten._linalg_eigvals.default, aten.linalg_eigvals.default)
+def linalg_eigvals(a):
+    return jnp.linalg.eigvals(a)
+
+
+@register(aten._linalg_svd.default)
+def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        return _empty(a.dtype), jnp.linalg.svd(a, compute_uv=False), _empty(a.dtype)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
+
+
+def _pinv_threshold(s, atol, rtol, m, n):
+    """torch's cutoff `max(atol, rtol * s_max)`; rtol defaults to eps * max(m, n), or 0 where atol > 0."""
+    smax = jnp.max(s, axis=-1, initial=0.0) if s.shape[-1] else jnp.zeros(s.shape[:-1], s.dtype)
+    default_rtol = jnp.finfo(s.dtype).eps * max(m, n)
+    if rtol is None:
+        rtol = default_rtol if atol is None else jnp.where(jnp.asarray(atol) > 0, 0.0, default_rtol)
+    atol = 0.0 if atol is None else atol
+    atol, rtol = jnp.asarray(atol, s.dtype), jnp.asarray(rtol, s.dtype)
+    return jnp.maximum(atol, rtol * smax)[..., None]
+
+
+def _pinv_forward(a, atol, rtol, hermitian):
+    m, n = a.shape[-2:]
+    if hermitian:
+        v, w = lax_linalg.eigh(a, symmetrize_input=False)
+        cut = _pinv_threshold(jnp.abs(w), atol, rtol, m, n)
+        winv = jnp.where(jnp.abs(w) > cut, 1 / jnp.where(w == 0, 1, w), 0).astype(a.dtype)
+        return jnp.matmul(v * winv[..., None, :], _mH(v))
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    cut = _pinv_threshold(s, atol, rtol, m, n)
+    sinv = jnp.where(s > cut, 1 / jnp.where(s == 0, 1, s), 0).astype(a.dtype)
+    return jnp.matmul(_mH(vh) * sinv[..., None, :], _mH(u))
+
+
+@register(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
+    """Moore-Penrose pseudo-inverse; singular values below `max(atol, rtol * s_max)` are dropped."""
+    return _pinv_tol(a, atol, rtol, hermitian)
+
+
+def _pinv_tol(a, atol, rtol, hermitian):
+    # Tolerances may be traced arrays: pass them as operands whose tangents are dropped.
+    return _pinv_arr(a, _tol_arg(atol), _tol_arg(rtol), hermitian)
+
+
+def _tol_arg(x):
+    if x is None:
+        return None
+    return lax.stop_gradient(jnp.asarray(x, jnp.float32))
+
+
+def _pinv_arr(a, atol, rtol, hermitian):
+    @jax.custom_jvp
+    def f(a):
+        return _pinv_forward(a, atol, rtol, hermitian)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (dx,) = primals, tangents
+        p = f(x)
+        m, n = x.shape[-2:]
+        dxh = _mH(dx)
+        dp = (-jnp.matmul(jnp.matmul(p, dx), p)
+              + jnp.matmul(jnp.matmul(p, _mH(p)), jnp.matmul(dxh, _eye_like(x, m) - jnp.matmul(x, p)))
+              + jnp.matmul(_eye_like(x, n) - jnp.matmul(p, x), jnp.matmul(dxh, jnp.matmul(_mH(p), p))))
+        return p, dp
+
+    return f(a)
+
+
+@register(aten.linalg_lstsq.default)
+def linalg_lstsq(a, b, rcond=None, *, driver=None):
+    """Least squares through the pseudo-inverse (the minimum-norm solution, as gelsy gives)."""
+    vector = _is_vector_rhs(a, b) and b.ndim < a.ndim
+    if vector:
+        b = b[..., None]
+    m, n = a.shape[-2:]
+    rtol = rcond if rcond is not None and rcond > 0 else None
+    x = jnp.matmul(_pinv_tol(a, None, rtol, False), b)
+    driver = driver or "gelsy"
+    s = jnp.linalg.svd(lax.stop_gradient(a), compute_uv=False)
+    cut = _pinv_threshold(s, None, rtol, m, n)
+    rank = jnp.sum(s > cut, axis=-1).astype(canonical_int())
+    if vector:
+        x = x[..., 0]
+    residuals = _empty(a.dtype)
+    if m > n and driver != "gelsy":
+        r = jnp.matmul(a, x if not vector else x[..., None]) - b
+        residuals = jnp.sum(jnp.abs(r) ** 2, axis=-2)
+        residuals = residuals[..., 0] if vector else residuals
+    rank = rank if driver != "gels" else jnp.zeros((0,), canonical_int())
+    sv = s if driver in ("gelsd", "gelss") else _empty(to_float(s.dtype))
+    return x, residuals, rank, sv
+
+
+# ---- LU -------------------------------------------------------------------------------
+@register(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+    lu, piv, _ = _lu_factor(a)
+    return lu, piv, _lu_info(lu)
+
+
+@register(aten.linalg_lu_factor.default)
+def linalg_lu_factor(a, *, pivot=True):
+    return linalg_lu_factor_ex(a, pivot=pivot)[:2]
+
+
+def _unpack(lu, perm, m, n):
+    k = min(m, n)
+    l = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    u = jnp.triu(lu[..., :k, :])
+    p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=lu.dtype), -1, -2)
+    return p, l, u
+
+
+@register(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    """`a = P @ L @ U` with partial pivoting (LAPACK getrf)."""
+    if not pivot:
+        raise RuntimeError("linalg.lu: LU without pivoting is not implemented on the CPU")
+    lu, _, perm = lax_linalg.lu(a)
+    return _unpack(lu, perm, *a.shape[-2:])
+
+
+@register(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2:]
+    perm = lax_linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+    p, l, u = _unpack(lu, perm, m, n)
+    if not unpack_data:
+        l, u = _empty(lu.dtype), _empty(lu.dtype)
+    if not unpack_pivots:
+        p = _empty(lu.dtype)
+    return p, l, u
+
+
+@register(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    """Solve with a factorization from `lu_factor`: `A X = B`, `A^H X = B`, `X A = B`, `X A^H = B`."""
+    m = lu.shape[-1]
+    perm = lax_linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+    if not left:  # X A = B  <=>  A^H X^H = B^H
+        return _mH(linalg_lu_solve(lu, pivots, _mH(b), left=True, adjoint=not adjoint))
+    batch = jnp.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
+    lu = jnp.broadcast_to(lu, batch + lu.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    perm = jnp.broadcast_to(perm, batch + perm.shape[-1:])
+    cplx = jnp.iscomplexobj(lu)
+    if not adjoint:  # A = P L U: x = U^-1 L^-1 P^T b
+        pb = jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+        y = lax_linalg.triangular_solve(lu, pb, left_side=True, lower=True, unit_diagonal=True)
+        return lax_linalg.triangular_solve(lu, y, left_side=True, lower=False)
+    # A^H = U^H L^H P^T: x = P L^-H U^-H b
+    y = lax_linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=cplx)
+    z = lax_linalg.triangular_solve(lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=cplx,
+                                    unit_diagonal=True)
+    inv = jnp.argsort(perm, axis=-1)
+    return jnp.take_along_axis(z, inv[..., :, None], axis=-2)
+
+
+@register(aten.lu_solve.default)
+def lu_solve(b, lu, pivots):
+    return linalg_lu_solve(lu, pivots, b)
+
+
+# ---- matrix functions ----------------------------------------------------------------------
+@register(aten.linalg_matrix_exp.default, aten.matrix_exp.default)
+def linalg_matrix_exp(a):
+    if a.ndim == 2:
+        return jax.scipy.linalg.expm(a)
+    flat = a.reshape((-1,) + a.shape[-2:])
+    return jax.vmap(jax.scipy.linalg.expm)(flat).reshape(a.shape)
+
+
+@register(aten._linalg_check_errors.default)
+def linalg_check_errors(info, api_name, *, is_matrix):
+    """Raise torch's error for a failed factorization when `info` is concrete; no-op when traced."""
+    if isinstance(info, jax.core.Tracer):
+        return None
+    bad = np.asarray(info)
+    if bad.size and np.any(bad != 0):
+        first = int(bad.reshape(-1)[np.argmax(bad.reshape(-1) != 0)])
+        if "cholesky" in api_name:
+            raise torch.linalg.LinAlgError(
+                f"{api_name}: The factorization could not be completed because the input is not positive-definite "
+                f"(the leading minor of order {first} is not positive-definite).")
+        raise torch.linalg.LinAlgError(
+            f"{api_name}: The diagonal element {first} is zero, the inversion could not be completed because the "
+            "input matrix is singular.")
+    return None
