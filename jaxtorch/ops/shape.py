@@ -1,31 +1,495 @@
-"""Shape lowerings: views, reshapes, permutes, concatenation and splitting."""
+"""Shape lowerings: views, reshapes, permutes, concatenation and splitting, flips, padding.
+
+Ops whose ATen schema returns an alias of their first argument (`view`, `transpose`,
+`select`, `slice`, `expand`, `unbind`, `split`, `diagonal`, `unfold`, `as_strided`, ...)
+become aliasing views in the interpreter, so their lowerings here are pure index maps of
+that argument: they only move, drop or repeat elements, never compute new values. That is
+what lets a write to a view (`x[:, 1:3] += 1`) scatter back into its base.
+
+The `*_scatter` ops (`slice_scatter`, `select_scatter`, `diagonal_scatter`,
+`as_strided_scatter`) are the functional inverses: the base with the viewed elements
+replaced, computed by applying the view to an iota of element positions.
+
+Example:
+    ```python
+    y = jaxtorch.call_torch(lambda x: x.transpose(0, 1)[1:].flip(0), jnp.ones((3, 4)))
+    ```
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Callable, Sequence
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
+from jax import lax
 
 from ._semantics import canon_dim
 from .registry import register
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
-@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-def view(a, size):
+# ---- helpers --------------------------------------------------------------------------------
+def _index_at(ndim: int, dim: int, idx) -> tuple:
+    """The tuple index that applies `idx` along `dim` of an `ndim`-dim array."""
+    return (slice(None),) * dim + (idx,) + (slice(None),) * (ndim - dim - 1)
+
+
+def _clamp_slice(size: int, start, end, step: int) -> tuple[int, int, int]:
+    """torch's slice bounds: None -> ends, negatives wrap once, then clamp to [0, size]."""
+    if step <= 0:
+        raise ValueError("slice step must be positive")
+    start = 0 if start is None else start
+    end = size if end is None else end
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, step
+
+
+def scatter_through(a, view_fn: Callable, src):
+    """`a` with the elements that the index map `view_fn` selects replaced by `src`.
+
+    Example: `scatter_through(a, lambda x: x[1], src)` is `a.at[1].set(src)`.
+    """
+    iota = jnp.arange(a.size, dtype=jnp.int32).reshape(a.shape)
+    idx = view_fn(iota)
+    src = jnp.broadcast_to(jnp.asarray(src).astype(a.dtype), idx.shape)
+    return a.reshape(-1).at[idx.reshape(-1)].set(src.reshape(-1)).reshape(a.shape)
+
+
+def _promote_all(tensors: Sequence) -> list:
+    # unlike elementwise ops, `cat`/`stack` promote 0-dim and n-dim tensors alike.
+    dtypes = [t.dtype for t in tensors]
+    dtype = dtypes[0]
+    for d in dtypes[1:]:
+        dtype = jnp.promote_types(dtype, d)
+    return [t.astype(dtype) if t.dtype != dtype else t for t in tensors]
+
+
+# ---- reshapes -----------------------------------------------------------------------------
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default,
+          prims.reshape.default)
+def view(a, size, stride=None):
+    """`x.view(2, -1)`: a reshape; `-1` infers one size."""
     return jnp.reshape(a, tuple(size))
+
+
+@register(aten.view.dtype, prims.view_of_dtype.default)
+def view_dtype(a, dtype):
+    """`x.view(torch.int32)`: reinterpret the bits; the last dim scales with the element size."""
+    dtype = np.dtype(dtype)
+    if a.dtype == dtype:
+        return a
+    src = a.astype(np.uint8) if a.dtype == np.bool_ else a
+    want = np.dtype(np.uint8) if dtype == np.bool_ else dtype
+    ratio_num, ratio_den = src.dtype.itemsize, want.itemsize
+    if ratio_num == ratio_den:
+        out = lax.bitcast_convert_type(src, want)
+    elif ratio_num > ratio_den:  # to a smaller type: last dim grows
+        out = lax.bitcast_convert_type(src, want)
+        out = out.reshape(src.shape[:-1] + (src.shape[-1] * (ratio_num // ratio_den),)) if src.ndim else out.reshape(-1)
+    else:
+        r = ratio_den // ratio_num
+        if src.ndim == 0 or src.shape[-1] % r:
+            raise RuntimeError(f"view(dtype): the last dim ({src.shape[-1] if src.ndim else 0}) must be a multiple of {r}")
+        out = lax.bitcast_convert_type(src.reshape(src.shape[:-1] + (src.shape[-1] // r, r)), want)
+    return out.astype(np.bool_) if dtype == np.bool_ else out
+
+
+@register(aten.expand.default)
+def expand(a, size, implicit: bool = False):
+    """`x.expand(4, -1)`: broadcast size-1 dims (and new leading dims); `-1` keeps a size."""
+    size = list(size)
+    lead = len(size) - a.ndim
+    if lead < 0:
+        raise RuntimeError(f"expand: the number of sizes ({len(size)}) must be >= the number of dims ({a.ndim})")
+    shape = [s for s in size[:lead]] + [a.shape[i] if s == -1 else s for i, s in enumerate(size[lead:])]
+    return jnp.broadcast_to(a, tuple(shape))
+
+
+@register(prims.broadcast_in_dim.default)
+def broadcast_in_dim(a, shape, broadcast_dimensions):
+    return lax.broadcast_in_dim(a, tuple(shape), tuple(broadcast_dimensions))
+
+
+@register(aten.permute.default, prims.transpose.default)
+def permute(a, dims):
+    """`x.permute(2, 0, 1)`."""
+    return jnp.transpose(a, tuple(canon_dim(d, a.ndim) for d in dims))
 
 
 @register(aten.t.default)
 def t(a):
+    """`x.t()`: transpose a matrix; 0-d and 1-d tensors are returned as they are."""
     return a.T if a.ndim == 2 else a
 
 
 @register(aten.transpose.int)
 def transpose(a, dim0, dim1):
+    """`x.transpose(0, 1)`."""
+    if a.ndim == 0:
+        return a
     return jnp.swapaxes(a, canon_dim(dim0, a.ndim), canon_dim(dim1, a.ndim))
 
 
+@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, prims.squeeze.default)
+def squeeze(a, dim=None):
+    """`x.squeeze()`, `x.squeeze(1)`, `x.squeeze((0, 2))`: drop size-1 dims (others stay)."""
+    if a.ndim == 0:
+        return a
+    if dim is None:
+        dims = [i for i, s in enumerate(a.shape) if s == 1]
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        dims = [canon_dim(d, a.ndim) for d in dims]
+        dims = [d for d in dims if a.shape[d] == 1]
+    return jnp.squeeze(a, axis=tuple(sorted(set(dims)))) if dims else a
+
+
+@register(aten.unsqueeze.default)
+def unsqueeze(a, dim):
+    """`x.unsqueeze(-1)`."""
+    return jnp.expand_dims(a, canon_dim(dim, a.ndim + 1))
+
+
+@register(prims.collapse_view.default, prims.collapse.default)
+def collapse(a, start, end):
+    return a.reshape(a.shape[:start] + (-1,) + a.shape[end:]) if a.size else a.reshape(
+        a.shape[:start] + (math.prod(a.shape[start:end]),) + a.shape[end:])
+
+
+@register(prims.split_dim.default)
+def split_dim(a, dim, outer_length):
+    return a.reshape(a.shape[:dim] + (outer_length, a.shape[dim] // outer_length) + a.shape[dim + 1:])
+
+
+@register(prims.view_of.default)
+def view_of(a):
+    return a
+
+
+# ---- selecting parts --------------------------------------------------------------------------
 @register(aten.select.int)
 def select(a, dim, index):
-    return jnp.take(a, index, axis=canon_dim(dim, a.ndim))
+    """`x.select(0, -1)` (what `x[-1]` runs): negative indices wrap."""
+    dim = canon_dim(dim, a.ndim)
+    size = a.shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {a.shape} at dimension {dim}")
+    return a[_index_at(a.ndim, dim, index % size)]
+
+
+@register(aten.slice.Tensor)
+def slice_(a, dim=0, start=None, end=None, step=1):
+    """`x[:, 1:3]`: out-of-range bounds clamp to the dim, like torch."""
+    dim = canon_dim(dim, a.ndim)
+    start, end, step = _clamp_slice(a.shape[dim], start, end, step)
+    return a[_index_at(a.ndim, dim, slice(start, end, step))]
+
+
+def _split_sizes(size: int, split_size: int) -> list[int]:
+    if split_size == 0:
+        return [size]
+    n = max(1, -(-size // split_size))
+    return [min(split_size, size - i * split_size) for i in range(n)]
+
+
+@register(aten.split_with_sizes.default, aten.split.sizes, aten.split.default)
+def split_with_sizes(a, split_sizes, dim=0):
+    """`x.split([2, 3], dim=1)`."""
+    dim = canon_dim(dim, a.ndim)
+    if sum(split_sizes) != a.shape[dim]:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {a.shape[dim]}, got {split_sizes}")
+    offsets = np.cumsum([0] + list(split_sizes))
+    return [a[_index_at(a.ndim, dim, slice(int(offsets[i]), int(offsets[i + 1])))] for i in range(len(split_sizes))]
+
+
+@register(aten.split.Tensor)
+def split(a, split_size, dim=0):
+    """`x.split(2, dim=0)`: equal chunks, the last one smaller."""
+    dim = canon_dim(dim, a.ndim)
+    return split_with_sizes(a, _split_sizes(a.shape[dim], split_size), dim)
+
+
+@register(aten.unsafe_split.Tensor)
+def unsafe_split(a, split_size, dim=0):
+    return split(a, split_size, dim)
+
+
+@register(aten.unsafe_split_with_sizes.default)
+def unsafe_split_with_sizes(a, split_sizes, dim=0):
+    return split_with_sizes(a, split_sizes, dim)
+
+
+@register(aten.unbind.int)
+def unbind(a, dim=0):
+    """`x.unbind(1)`: a tuple of `select`s."""
+    dim = canon_dim(dim, a.ndim)
+    return [a[_index_at(a.ndim, dim, i)] for i in range(a.shape[dim])]
+
+
+@register(aten.diagonal.default)
+def diagonal(a, offset=0, dim1=0, dim2=1):
+    """`x.diagonal(1, -2, -1)`: the diagonal becomes the last dim."""
+    d1, d2 = canon_dim(dim1, a.ndim), canon_dim(dim2, a.ndim)
+    if d1 == d2:
+        raise RuntimeError("diagonal dimensions cannot be identical")
+    n1, n2 = a.shape[d1], a.shape[d2]
+    length = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    rows = np.arange(length) + max(-offset, 0)
+    cols = np.arange(length) + max(offset, 0)
+    moved = jnp.moveaxis(a, (d1, d2), (-2, -1))
+    return moved[..., rows, cols]
+
+
+@register(aten.unfold.default)
+def unfold(a, dimension, size, step):
+    """`x.unfold(0, 3, 2)`: sliding windows of `size` every `step`, as a new last dim."""
+    if a.ndim == 0:
+        return a.reshape(1)
+    dim = canon_dim(dimension, a.ndim)
+    n = (a.shape[dim] - size) // step + 1
+    idx = np.arange(n)[:, None] * step + np.arange(size)[None, :]
+    taken = jnp.take(a, idx.reshape(-1), axis=dim).reshape(a.shape[:dim] + (n, size) + a.shape[dim + 1:])
+    return jnp.moveaxis(taken, dim + 1, -1)
+
+
+def _strided_indices(size, stride, storage_offset) -> np.ndarray:
+    idx = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n) * s).reshape(shape)
+    return idx
+
+
+@register(aten.as_strided.default)
+def as_strided(a, size, stride, storage_offset=None):
+    """`x.as_strided(size, stride, offset)` over `x`'s elements in row-major order (a gather)."""
+    idx = _strided_indices(size, stride, storage_offset)
+    if idx.size and (idx.max() >= max(a.size, 1) or idx.min() < 0):
+        raise RuntimeError(f"as_strided: size {list(size)}, stride {list(stride)} and offset {storage_offset} "
+                           f"reach outside a tensor of {a.size} elements")
+    return a.reshape(-1)[idx] if idx.size else jnp.zeros(tuple(size), a.dtype)
+
+
+@register(aten.view_as_real.default)
+def view_as_real(a):
+    """`torch.view_as_real(z)`: a trailing dim of (real, imag). Not writable through."""
+    return jnp.stack([jnp.real(a), jnp.imag(a)], axis=-1)
+
+
+@register(aten.view_as_complex.default)
+def view_as_complex(a):
+    """`torch.view_as_complex(x)`: the last dim (size 2) as (real, imag)."""
+    if a.ndim == 0 or a.shape[-1] != 2:
+        raise RuntimeError("view_as_complex: the last dimension must have size 2")
+    return lax.complex(a[..., 0], a[..., 1])
+
+
+# ---- scatters (functional inverses of the views) ------------------------------------------------
+@register(aten.slice_scatter.default)
+def slice_scatter(a, src, dim=0, start=None, end=None, step=1):
+    """`torch.slice_scatter(x, src, 0, 1, 3)`: `x` with `x[1:3]` replaced by `src`."""
+    return scatter_through(a, lambda v: slice_(v, dim, start, end, step), src)
+
+
+@register(aten.select_scatter.default)
+def select_scatter(a, src, dim, index):
+    """`torch.select_scatter(x, src, 0, 1)`: `x` with `x[1]` replaced by `src`."""
+    return scatter_through(a, lambda v: select(v, dim, index), src)
+
+
+@register(aten.diagonal_scatter.default)
+def diagonal_scatter(a, src, offset=0, dim1=0, dim2=1):
+    """`torch.diagonal_scatter(x, src)`: `x` with its diagonal replaced by `src`."""
+    return scatter_through(a, lambda v: diagonal(v, offset, dim1, dim2), src)
+
+
+@register(aten.as_strided_scatter.default, prims.as_strided_scatter.default)
+def as_strided_scatter(a, src, size, stride, storage_offset=None):
+    """`torch.as_strided_scatter(x, src, size, stride)`."""
+    return scatter_through(a, lambda v: as_strided(v, size, stride, storage_offset), src)
+
+
+# ---- copies -------------------------------------------------------------------------------------
+@register(aten.clone.default, prims.clone.default)
+def clone(a, memory_format=None):
+    """`x.clone()`: a fresh array (JAX arrays are immutable, so the copy is only logical)."""
+    return jnp.array(a, copy=True)
+
+
+@register(aten.alias_copy.default)
+def alias_copy(a):
+    return jnp.array(a, copy=True)
+
+
+# ---- joining ------------------------------------------------------------------------------------
+@register(aten.cat.default, prims.cat.default)
+def cat(tensors, dim=0):
+    """`torch.cat(ts, dim)`: dtypes promote; legacy 1-d empty tensors (shape `(0,)`) are skipped."""
+    tensors = list(tensors)
+    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not kept:
+        return _promote_all(tensors)[0] if tensors else jnp.zeros((0,))
+    dtype = _promote_all(tensors)[0].dtype
+    kept = [t.astype(dtype) for t in kept]
+    dim = canon_dim(dim, kept[0].ndim)
+    return jnp.concatenate(kept, axis=dim)
+
+
+@register(aten.stack.default)
+def stack(tensors, dim=0):
+    """`torch.stack(ts, dim)`."""
+    tensors = _promote_all(list(tensors))
+    return jnp.stack(tensors, axis=canon_dim(dim, tensors[0].ndim + 1))
+
+
+@register(aten._chunk_cat.default)
+def chunk_cat(tensors, dim, num_chunks):
+    """`torch._chunk_cat`: chunk each tensor along `dim` (zero-padded to equal chunks), flatten the
+    dims after `dim`, and concatenate chunk by chunk."""
+    tensors = _promote_all(list(tensors))
+    d = canon_dim(dim, tensors[0].ndim)
+    parts = []
+    for t in tensors:
+        n = t.shape[d]
+        chunk = -(-n // num_chunks)
+        pad = chunk * num_chunks - n
+        if pad:
+            t = jnp.pad(t, [(0, 0)] * d + [(0, pad)] + [(0, 0)] * (t.ndim - d - 1))
+        t = t.reshape(t.shape[:d] + (num_chunks, -1 if t.size else chunk * math.prod(t.shape[d + 1:])))
+        parts.append(t)
+    return jnp.concatenate(parts, axis=d + 1)
+
+
+@register(aten.block_diag.default)
+def block_diag(tensors):
+    """`torch.block_diag(a, b)`: 0-d tensors count as 1x1, 1-d as one row."""
+    mats = [t.reshape(1, 1) if t.ndim == 0 else (t.reshape(1, -1) if t.ndim == 1 else t) for t in tensors]
+    mats = _promote_all(mats)
+    rows, cols = sum(m.shape[0] for m in mats), sum(m.shape[1] for m in mats)
+    out = jnp.zeros((rows, cols), mats[0].dtype)
+    r = c = 0
+    for m in mats:
+        out = out.at[r:r + m.shape[0], c:c + m.shape[1]].set(m)
+        r, c = r + m.shape[0], c + m.shape[1]
+    return out
+
+
+# ---- reordering ---------------------------------------------------------------------------------
+@register(aten.flip.default, prims.rev.default)
+def flip(a, dims):
+    """`x.flip((0, 1))`."""
+    if a.ndim == 0:
+        return a
+    return jnp.flip(a, axis=tuple(canon_dim(d, a.ndim) for d in dims))
+
+
+@register(aten.roll.default)
+def roll(a, shifts, dims=()):
+    """`x.roll(1, 0)`; with no dims, rolls the flattened tensor."""
+    shifts, dims = list(shifts), list(dims)
+    if not dims:
+        return jnp.roll(a.reshape(-1), shifts[0]).reshape(a.shape)
+    return jnp.roll(a, shifts, axis=tuple(canon_dim(d, a.ndim) for d in dims))
+
+
+@register(aten.rot90.default)
+def rot90(a, k=1, dims=(0, 1)):
+    """`x.rot90(1, (0, 1))`: from the first dim towards the second."""
+    d0, d1 = canon_dim(dims[0], a.ndim), canon_dim(dims[1], a.ndim)
+    return jnp.rot90(a, k, axes=(d0, d1))
+
+
+# ---- repeating ----------------------------------------------------------------------------------
+@register(aten.repeat.default)
+def repeat(a, repeats):
+    """`x.repeat(2, 3)`: tile, with extra leading repeats adding dims."""
+    repeats = tuple(repeats)
+    a = a.reshape((1,) * (len(repeats) - a.ndim) + a.shape)
+    return jnp.tile(a, repeats)
+
+
+@register(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats, output_size=None):
+    """`torch.repeat_interleave(counts)`: index `i` repeated `counts[i]` times.
+
+    Data-dependent unless `output_size` is given (then it works under `jax.jit`)."""
+    idx = jnp.arange(repeats.shape[0], dtype=repeats.dtype)
+    return jnp.repeat(idx, repeats, total_repeat_length=output_size)
+
+
+# ---- padding ------------------------------------------------------------------------------------
+def _pad_pairs(ndim: int, pad: Sequence[int]) -> list[tuple[int, int]]:
+    """torch's flat pad list (last dim first) -> per-dim (lo, hi) pairs."""
+    pairs = [(0, 0)] * ndim
+    for i in range(len(pad) // 2):
+        pairs[ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return pairs
+
+
+@register(aten.constant_pad_nd.default)
+def constant_pad_nd(a, pad, value=0):
+    """`F.pad(x, (1, 2), value=v)`: negative pads crop."""
+    pairs = _pad_pairs(a.ndim, pad)
+    return lax.pad(a, jnp.asarray(value).astype(a.dtype), [(lo, hi, 0) for lo, hi in pairs])
+
+
+def _mode_pad(a, padding, mode: str):
+    pairs = _pad_pairs(a.ndim, padding)
+    crop = tuple(slice(max(-lo, 0), a.shape[d] - max(-hi, 0)) for d, (lo, hi) in enumerate(pairs))
+    a = a[crop]
+    return jnp.pad(a, [(max(lo, 0), max(hi, 0)) for lo, hi in pairs], mode=mode)
+
+
+@register(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
+def reflection_pad(a, padding):
+    """`F.pad(x, p, mode="reflect")`."""
+    return _mode_pad(a, padding, "reflect")
+
+
+@register(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)
+def replication_pad(a, padding):
+    """`F.pad(x, p, mode="replicate")`; negative pads crop."""
+    return _mode_pad(a, padding, "edge")
+
+
+@register(aten._pad_circular.default)
+def pad_circular(a, pad):
+    """`F.pad(x, p, mode="circular")`; negative pads crop."""
+    return _mode_pad(a, pad, "wrap")
+
+
+# ---- triangles and diagonals -----------------------------------------------------------------
+@register(aten.tril.default)
+def tril(a, diagonal=0):
+    """`x.tril(k)`: over the last two dims."""
+    return jnp.tril(a, diagonal)
+
+
+@register(aten.triu.default)
+def triu(a, diagonal=0):
+    """`x.triu(k)`: over the last two dims."""
+    return jnp.triu(a, diagonal)
+
+
+@register(aten.diag_embed.default)
+def diag_embed(a, offset=0, dim1=-2, dim2=-1):
+    """`torch.diag_embed(x, offset, dim1, dim2)`: the last dim of `x` on diagonals of new dims."""
+    nd = a.ndim + 1
+    d1, d2 = canon_dim(dim1, nd), canon_dim(dim2, nd)
+    n = a.shape[-1] + abs(offset)
+    idx = np.arange(a.shape[-1])
+    rows, cols = idx + max(-offset, 0), idx + max(offset, 0)
+    out = jnp.zeros(a.shape[:-1] + (n, n), a.dtype).at[..., rows, cols].set(a)
+    return jnp.moveaxis(out, (-2, -1), (d1, d2))
