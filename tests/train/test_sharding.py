@@ -1,0 +1,49 @@
+"""GSPMD: data- and tensor-parallel results equal single-device ones (8 simulated CPU devices).
+
+The pytest process has one device, so each check runs in a subprocess with
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` (see `_multidevice.py`).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxtorch.train.sharding import path_name, spec_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_check(name: str, devices: int = 8, timeout: int = 600) -> str:
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "tests.train._multidevice", name], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and f"OK {name}" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("check", ["parallel", "checkpoint", "xla"])
+def test_on_eight_devices(check):
+    run_check(check)
+
+
+@pytest.mark.xfail(strict=True, reason="bridge: factories ignore the index of device='jax:N' (data lands on "
+                   "jax.devices()[0]); `.to('jax:N')` works. Reported to the lead.")
+def test_factories_honour_device_index():
+    run_check("factory_placement")
+
+
+def test_rules_first_match_wins():
+    rules = [(r"fc1\.weight$", P("model", None)), (r"fc1\.", P("model")), (r".*", P())]
+    assert spec_for("fc1.weight", rules) == P("model", None)
+    assert spec_for("fc1.bias", rules) == P("model")
+    assert spec_for("opt_state.0.mu.fc1.weight", rules) == P("model", None)
+    assert spec_for("fc2.weight", rules) == P()
+    assert spec_for("fc2.weight", []) == P()
+    import jax
+
+    paths = [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path({"params": {"a.b": 1}, "l": [2]})[0]]
+    assert paths == ["l.0", "params.a.b"]
