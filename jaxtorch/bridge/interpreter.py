@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
+from . import eager
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
@@ -39,6 +40,7 @@ from .tensor import JaxTensor, make_view, write
 
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer
+_ArrayImpl = type(jax.numpy.zeros(()))
 _local = threading.local()
 
 
@@ -74,13 +76,13 @@ def _to_jax_arg(x, func):
 
 
 def _unwrap_args(args, kwargs, func):
-    jargs = [_to_jax_arg(a, func) for a in args]
+    jargs = [a.elem if type(a) is JaxTensor else _to_jax_arg(a, func) for a in args]
     jkwargs = {k: _to_jax_arg(v, func) for k, v in kwargs.items()} if kwargs else {}
     return jargs, jkwargs
 
 
 def _wrap_out(out):
-    if isinstance(out, (jax.Array, _Tracer)):
+    if type(out) is _ArrayImpl or isinstance(out, (jax.Array, _Tracer)):
         return JaxTensor(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_wrap_out(o) for o in out)
@@ -139,33 +141,47 @@ def _functional_sibling(func):
 
 
 # ---- runners --------------------------------------------------------------------------------
-def _call_lowering(func, lowering, args, kwargs):
-    jargs, jkwargs = _unwrap_args(args, kwargs, func)
-    if registry.is_flagged(func, registry.RANDOM):
-        jkwargs["key"] = next_key(func)
-    traced = _has_tracer(jargs) or any(isinstance(v, _Tracer) for v in jkwargs.values())
-    if traced and registry.is_flagged(func, registry.DATA_DEPENDENT):
-        raise DataDependentError(func)
-    try:
-        if traced:
-            with jax.named_scope(func.name()):
+def _lowering_caller(func, lowering) -> Callable:
+    """`call(args, kwargs) -> (out, jargs, jkwargs)` for one op; flags looked up once."""
+    random = registry.is_flagged(func, registry.RANDOM)
+    data_dependent = registry.is_flagged(func, registry.DATA_DEPENDENT)
+    name = func.name()
+    eager_run = eager.run
+
+    def call(args, kwargs):
+        jargs, jkwargs = _unwrap_args(args, kwargs, func)
+        if random:
+            jkwargs["key"] = next_key(func)
+        traced = _has_tracer(jargs) or (jkwargs and any(isinstance(v, _Tracer) for v in jkwargs.values()))
+        try:
+            if traced:
+                if data_dependent:
+                    raise DataDependentError(func)
+                with jax.named_scope(name):
+                    return lowering(*jargs, **jkwargs), jargs, jkwargs
+            if random or data_dependent:
                 return lowering(*jargs, **jkwargs), jargs, jkwargs
-        return lowering(*jargs, **jkwargs), jargs, jkwargs
-    except jax.errors.ConcretizationTypeError as e:
-        raise DataDependentError(func, str(e).splitlines()[0]) from e
+            return eager_run(func, lowering, jargs, jkwargs), jargs, jkwargs
+        except jax.errors.ConcretizationTypeError as e:
+            raise DataDependentError(func, str(e).splitlines()[0]) from e
+
+    return call
 
 
 def _make_functional_runner(func, lowering):
+    call = _lowering_caller(func, lowering)
+
     def run(args, kwargs):
-        out, _, _ = _call_lowering(func, lowering, args, kwargs)
-        return _wrap_out(out)
+        return _wrap_out(call(args, kwargs)[0])
 
     return run
 
 
 def _make_view_runner(func, lowering):
+    call = _lowering_caller(func, lowering)
+
     def run(args, kwargs):
-        out, jargs, jkwargs = _call_lowering(func, lowering, args, kwargs)
+        out, jargs, jkwargs = call(args, kwargs)
         base = args[0]
         if not isinstance(base, JaxTensor):
             return _wrap_out(out)
