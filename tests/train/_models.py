@@ -33,11 +33,15 @@ class CNN(nn.Module):
 
 
 class BNNet(nn.Module):
-    """Linear + BatchNorm1d, no randomness: comparable step for step with torch."""
+    """Linear + BatchNorm1d, no randomness: comparable step for step with torch.
+
+    The Linear before the BatchNorm has no bias: its gradient would be exactly zero in
+    exact arithmetic, so Adam would amplify rounding noise into lr-sized steps.
+    """
 
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(6, 5)
+        self.fc = nn.Linear(6, 5, bias=False)
         self.bn = nn.BatchNorm1d(5)
         self.out = nn.Linear(5, 2)
 

@@ -45,12 +45,12 @@ def test_load_into_strict_errors():
     params, _ = jaxtorch.extract(model)
     with pytest.raises(KeyError, match="nope"):
         load_into(model, {**params, "nope": jnp.ones(1)})
-    partial = {k: v for k, v in params.items() if k != "fc.bias"}
-    with pytest.raises(KeyError, match="fc.bias"):
+    partial = {k: v for k, v in params.items() if k != "out.bias"}
+    with pytest.raises(KeyError, match="out.bias"):
         load_into(model, partial)
     load_into(model, partial, strict=False)
     with pytest.raises(ValueError, match="shape"):
-        load_into(model, {**params, "fc.bias": jnp.ones(3)})
+        load_into(model, {**params, "out.bias": jnp.ones(3)})
 
 
 def test_load_into_bf16_and_jax_device_module():
