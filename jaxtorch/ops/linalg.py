@@ -290,11 +290,16 @@ def _cholesky(a, upper=False):
 
 
 def _sym_from_lower(a):
-    """The Hermitian matrix whose lower triangle is `a`'s (torch reads only that triangle)."""
+    """The Hermitian matrix whose lower triangle is `a`'s (torch reads only that triangle).
+
+    Its gradient is torch's: the Hermitian part of the incoming one, as if `a` were `(a + a^H) / 2`.
+    """
     low = jnp.tril(a, -1)
     d = jnp.diagonal(a, axis1=-2, axis2=-1)
     d = d.real.astype(a.dtype) if jnp.iscomplexobj(a) else d
-    return low + _mH(low) + d[..., None] * jnp.eye(a.shape[-1], dtype=a.dtype)
+    value = low + _mH(low) + d[..., None] * jnp.eye(a.shape[-1], dtype=a.dtype)
+    herm = (a + _mH(a)) / 2
+    return lax.stop_gradient(value) + (herm - lax.stop_gradient(herm))
 
 
 @register(aten.linalg_cholesky_ex.default)
