@@ -600,3 +600,149 @@ def linalg_check_errors(info, api_name, *, is_matrix):
             f"{api_name}: The diagonal element {first} is zero, the inversion could not be completed because the "
             "input matrix is singular.")
     return None
+
+
+# ---- LDL^T (Bunch-Kaufman, as LAPACK sytf2/sytrs with uplo='L') ---------------------------
+_BK_ALPHA = (1 + 17 ** 0.5) / 8
+
+
+def _ldl_step(state):
+    """One 1x1 or 2x2 pivot step of LAPACK sytf2 (lower) on the working matrix `m`."""
+    m, piv, k, info = state
+    n = m.shape[-1]
+    idx = jnp.arange(n)
+    col = jnp.abs(m[:, k])
+    absakk = col[k]
+    below = jnp.where(idx > k, col, -1.0)
+    imax = jnp.argmax(below)
+    colmax = jnp.where(k < n - 1, jnp.max(below, initial=-1.0), 0.0).astype(m.dtype)
+    row = jnp.abs(m[imax, :])
+    rowmax = jnp.maximum(jnp.max(jnp.where((idx >= k) & (idx < imax), row, -1.0)),
+                         jnp.max(jnp.where(idx > imax, row, -1.0)))
+    zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+    keep = zero | (absakk >= _BK_ALPHA * colmax) | (absakk * rowmax >= _BK_ALPHA * colmax * colmax)
+    one_by_imax = jnp.abs(m[imax, imax]) >= _BK_ALPHA * rowmax
+    kp = jnp.where(keep, k, imax)
+    kstep = jnp.where(keep | one_by_imax, 1, 2)
+    kk = k + kstep - 1
+    # symmetric interchange of kk and kp inside the trailing block m[k:, k:]
+    p = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+    trail = (idx[:, None] >= k) & (idx[None, :] >= k)
+    m = jnp.where(trail, m[p][:, p], m)
+    # elimination
+    ck, ck1 = m[:, k], m[:, jnp.minimum(k + 1, n - 1)]
+    d = jnp.where(zero, 1, m[k, k])
+    x1 = jnp.where(idx > k, ck, 0) / d
+    d21 = jnp.where(kstep == 2, m[jnp.minimum(k + 1, n - 1), k], 1)
+    d11 = m[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)] / d21
+    d22 = m[k, k] / d21
+    t = 1 / (d11 * d22 - 1)
+    d21 = t / d21
+    rest = idx > k + 1
+    wk = jnp.where(rest, d21 * (d11 * ck - ck1), 0)
+    wkp1 = jnp.where(rest, d21 * (d22 * ck1 - ck), 0)
+    upd1 = jnp.where(zero, 0, jnp.outer(jnp.where(idx > k, ck, 0), x1))
+    upd2 = jnp.outer(jnp.where(rest, ck, 0), wk) + jnp.outer(jnp.where(rest, ck1, 0), wkp1)
+    m1 = jnp.where((idx[:, None] > k) & (idx[None, :] > k), m - upd1, m)
+    m1 = m1.at[:, k].set(jnp.where((idx > k) & ~zero, x1, m1[:, k]))
+    m2 = jnp.where(rest[:, None] & rest[None, :], m - upd2, m)
+    m2 = m2.at[:, k].set(jnp.where(rest, wk, m2[:, k]))
+    m2 = m2.at[:, jnp.minimum(k + 1, n - 1)].set(jnp.where(rest, wkp1, m2[:, jnp.minimum(k + 1, n - 1)]))
+    m = jnp.where(kstep == 1, m1, m2)
+    ip = (kp + 1).astype(jnp.int32)
+    piv = jnp.where(kstep == 1, piv.at[k].set(ip), piv.at[k].set(-ip).at[jnp.minimum(k + 1, n - 1)].set(-ip))
+    info = jnp.where((info == 0) & zero, k + 1, info).astype(jnp.int32)
+    return m, piv, k + kstep, info
+
+
+def _ldl_factor_one(a):
+    n = a.shape[-1]
+    sym = jnp.tril(a) + _mT(jnp.tril(a, -1))
+    state = (sym, jnp.zeros((n,), jnp.int32), jnp.asarray(0), jnp.asarray(0, jnp.int32))
+    m, piv, _, info = lax.while_loop(lambda s: s[2] < n, _ldl_step, state)
+    return jnp.tril(m), piv, info
+
+
+def _batched(fn, a, *rest, core=2):
+    batch = a.shape[:-core]
+    if not batch:
+        return fn(a, *rest)
+    flat = [x.reshape((-1,) + x.shape[len(batch):]) for x in (a, *rest)]
+    outs = jax.vmap(fn)(*flat)
+    return tuple(o.reshape(batch + o.shape[1:]) for o in outs) if isinstance(outs, tuple) else \
+        outs.reshape(batch + outs.shape[1:])
+
+
+@register(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
+    """Bunch-Kaufman `A = L D L^T` in LAPACK's compact form (LD, 1-based pivots, info)."""
+    if jnp.iscomplexobj(a):
+        raise NotImplementedError("jaxtorch: linalg.ldl_factor supports real matrices only")
+    if a.shape[-1] == 0:
+        return a, jnp.zeros(a.shape[:-1], jnp.int32), _info(a.shape[:-2])
+    return _batched(_ldl_factor_one, a)
+
+
+@register(aten.linalg_ldl_factor.default)
+def linalg_ldl_factor(a, *, hermitian=False):
+    return linalg_ldl_factor_ex(a, hermitian=hermitian)[:2]
+
+
+def _swap_rows(b, i, j):
+    idx = jnp.arange(b.shape[0])
+    p = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+    return b[p]
+
+
+def _ldl_solve_one(ld, piv, b):
+    n = ld.shape[-1]
+    idx = jnp.arange(n)
+
+    def fwd(state):
+        b, k = state
+        p = piv[k]
+        two = p < 0
+        kp = jnp.abs(p) - 1
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = _swap_rows(b, jnp.where(two, k1, k), kp)
+        lk = jnp.where(idx > k + jnp.where(two, 1, 0), ld[:, k], 0)
+        lk1 = jnp.where(two & (idx > k + 1), ld[:, k1], 0)
+        b = b - lk[:, None] * b[k][None, :] - lk1[:, None] * b[k1][None, :]
+        # 1x1: b[k] /= d ; 2x2: solve with [[a, c], [c, d]]
+        akm1k = jnp.where(two, ld[k1, k], 1)
+        akm1 = ld[k, k] / akm1k
+        ak = ld[k1, k1] / akm1k
+        denom = akm1 * ak - 1
+        bkm1, bk = b[k] / akm1k, b[k1] / akm1k
+        new_k = jnp.where(two, (ak * bkm1 - bk) / denom, b[k] / ld[k, k])
+        new_k1 = jnp.where(two, (akm1 * bk - bkm1) / denom, b[k1])
+        b = b.at[k1].set(new_k1).at[k].set(new_k)
+        return b, k + jnp.where(two, 2, 1)
+
+    def bwd(state):
+        b, k = state  # k: the last row of the current block
+        p = piv[k]
+        two = p < 0
+        kp = jnp.abs(p) - 1
+        km1 = jnp.maximum(k - 1, 0)
+        tail = idx > k
+        b = b.at[k].add(-jnp.sum(jnp.where(tail, ld[:, k], 0)[:, None] * b, axis=0))
+        b = b.at[km1].add(jnp.where(two, -jnp.sum(jnp.where(tail, ld[:, km1], 0)[:, None] * b, axis=0), 0))
+        b = _swap_rows(b, k, kp)
+        return b, k - jnp.where(two, 2, 1)
+
+    b, _ = lax.while_loop(lambda s: s[1] < n, fwd, (b, jnp.asarray(0)))
+    b, _ = lax.while_loop(lambda s: s[1] >= 0, bwd, (b, jnp.asarray(n - 1)))
+    return b
+
+
+@register(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
+    """Solve `A X = B` from `ldl_factor`'s compact factorization (LAPACK sytrs, lower)."""
+    batch = jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2])
+    ld = jnp.broadcast_to(ld, batch + ld.shape[-2:])
+    pivots = jnp.broadcast_to(pivots.astype(jnp.int32), batch + pivots.shape[-1:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    if ld.shape[-1] == 0:
+        return b
+    return _batched(_ldl_solve_one, ld, pivots, b)
