@@ -15,26 +15,38 @@ PyTorch-first (the two-line change):
     ```
 """
 
-from .bridge.api import TorchModule, call_jax, call_torch, extract, torch_module_to_jax
+from .bridge.api import TorchModule, call_torch, extract, torch_module_to_jax
+from .bridge.compile import Compiled, compile, jit
+from .bridge.export import export
+from .bridge.autograd import call_jax, jax_function_to_torch
+from .bridge.jax_module import JaxModule
 from .bridge.convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.environment import default_env, disable_globally, enable_globally
 from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, UnsupportedOpError
 from .bridge.random import manual_seed
 from .bridge.tensor import JaxTensor
+from .ops.registry import register_op
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "JaxModule",
     "JaxTensor",
     "TorchModule",
     "call_jax",
+    "Compiled",
+    "compile",
+    "jit",
     "call_torch",
     "default_env",
     "disable_globally",
     "enable_globally",
+    "export",
     "extract",
+    "jax_function_to_torch",
     "jax_view",
     "manual_seed",
+    "register_op",
     "to_jax",
     "to_torch",
     "torch_module_to_jax",

@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import torch
 
-from . import pytrees
+from . import pytrees, scopes
 from .convert import jax_view, to_jax, torch_view, tree_map
 from .environment import default_env
 from .random import key_scope
@@ -56,19 +56,6 @@ def _jaxify_leftovers(tree):
     return tree_map(lambda x: to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree)
 
 
-def call_jax(fn: Callable, *args, **kwargs) -> Any:
-    """Run the JAX function `fn` on torch tensors (jax-device or CPU); return `JaxTensor`s.
-
-    **Example:**
-        ```python
-        y = jaxtorch.call_jax(jnp.sin, torch.ones(3, device="jax"))
-        ```
-    """
-    jargs, jkwargs = jax_view((args, kwargs))
-    jargs, jkwargs = tree_map(lambda x: to_jax(x) if isinstance(x, torch.Tensor) else x, (jargs, jkwargs))
-    return torch_view(fn(*jargs, **jkwargs))
-
-
 def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Parameters then buffers by name, tied tensors once (first name, as `named_parameters` gives)."""
     state: dict[str, torch.Tensor] = {}
@@ -106,6 +93,7 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
     state = named_state(module)
     params = {name: to_jax(t.detach()) for name, t in state.items()}
     lock = _module_lock(module)
+    scopes.name_modules(module)
 
     def run(p, *a, **k):
         return torch.func.functional_call(module, p, a, k, tie_weights=True, strict=False)
@@ -113,7 +101,7 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
     def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
         tparams = {name: JaxTensor(value) for name, value in params.items()}
         targs, tkwargs = torch_view((args, kwargs))
-        with lock:  # functional_call swaps the module's attributes while it runs
+        with lock, scopes.module_scopes():  # functional_call swaps the module's attributes
             out = _run_torch(run, (tparams, *targs), tkwargs, rng)
         if not mutable:
             return out

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
-from . import eager
+from . import eager, tracing
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
@@ -312,6 +312,9 @@ def dispatch(func, args, kwargs):
     r = _RUNNERS.get(func)
     if r is None:
         r = _runner(func)
+    if tracing.pending():  # a backward under jax tracing: this may be torch's autograd thread
+        with tracing.adopted():
+            return r(args, kwargs)
     return r(args, kwargs)
 
 
@@ -410,11 +413,18 @@ def _mode_lift(func, args, kwargs):
 _SPECIAL_MODE = {aten.lift_fresh.default: _mode_lift}
 
 
+_BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+
+
 class JaxFunctionMode(TorchFunctionMode):
-    """Sees whole torch functions (above autograd); gives each a JAX named scope when tracing."""
+    """Sees whole torch functions (above autograd). Runs autograd's entry points so that a
+    backward under `jax.jit` traces into the same program (see `tracing`)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _BACKWARD_FUNCS:
+            with tracing.backward_in_trace():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
 

@@ -80,6 +80,13 @@ class JaxTensor(torch.Tensor):
             self._jt_view_fn = None
             self._jt_version += 1
 
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """`torch.Tensor.backward`, also under a JAX trace (backward ops join the trace)."""
+        from .tracing import backward_in_trace
+
+        with backward_in_trace():
+            return super().backward(gradient, retain_graph, create_graph, inputs)
+
     # ---- data access -------------------------------------------------------------
     @property
     def elem(self):

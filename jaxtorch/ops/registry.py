@@ -94,3 +94,23 @@ def unregister(op: OpKey) -> None:
     DATA_DEPENDENT.discard(op)
     RANDOM.discard(op)
     _CACHE.clear()
+
+
+def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, random: bool = False) -> Lowering:
+    """Register (or override) the JAX lowering of a torch op, e.g. a `torch.library` custom op.
+
+    `jax_impl` takes and returns JAX arrays, with the op's signature. It may be a
+    `jax.custom_vjp` function: `jax.grad` then uses its rule.
+
+    **Example:**
+        ```python
+        jaxtorch.register_op(torch.ops.mylib.bar.default, lambda x: jnp.sin(x) * 2)
+        jaxtorch.register_op(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, my_attention)
+        ```
+    """
+    register(op, data_dependent=data_dependent, random=random)(jax_impl)
+    from ..bridge import eager, interpreter
+
+    interpreter.invalidate_cache()
+    eager.clear()
+    return jax_impl

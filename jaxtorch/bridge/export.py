@@ -1,0 +1,82 @@
+"""`jaxtorch.export`: a torch module as a `jax.export.Exported` (StableHLO inside).
+
+The result serializes to bytes, reloads with `jax.export.deserialize` and runs with JAX
+alone: no torch, no jaxtorch. Parameters are either embedded as constants or passed
+in as the first argument; the batch dimension can be symbolic.
+
+Example:
+    ```python
+    exp = jaxtorch.export(model, x, batch_dim=True)
+    blob = exp.serialize()
+    # elsewhere, with JAX only:
+    y = jax.export.deserialize(blob).call(x_array)
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import torch
+
+from .api import extract
+from .convert import to_jax
+
+
+def _spec(x, batch: Any):
+    shape = tuple(x.shape)
+    if batch is not None and len(shape) > 0:
+        shape = (batch,) + shape[1:]
+    return jax.ShapeDtypeStruct(shape, x.dtype)
+
+
+def _per_example(fn):
+    """`fn` applied to each example (as a batch of one) under `jax.vmap`.
+
+    torch code needs concrete sizes, so a symbolic batch size cannot reach it; vmapping over
+    the batch keeps every size torch sees concrete, and the exported program still takes
+    any batch size. Requires examples to be independent (true of an eval-mode forward).
+    """
+
+    def batched(params, *xs):
+        def one(*x1):
+            out = fn(params, *[a[None] for a in x1])
+            return jax.tree_util.tree_map(lambda o: o[0], out)
+
+        return jax.vmap(one)(*xs)
+
+    return batched
+
+
+def export(
+    model: torch.nn.Module,
+    *example_args,
+    embed_params: bool = True,
+    batch_dim: bool = False,
+    platforms: tuple[str, ...] | None = None,
+) -> jax.export.Exported:
+    """Export `model`'s forward as a `jax.export.Exported`.
+
+    **Arguments:**
+    - `model`: the torch module (its current train/eval mode is used).
+    - `example_args`: example inputs (torch tensors or JAX arrays) giving shapes and dtypes.
+    - `embed_params`: embed parameters as constants (call with inputs only), or take the
+      params dict as the first argument (`exp.call(params, *inputs)`).
+    - `batch_dim`: make dimension 0 of every input a symbolic size `b` (the forward is
+      vmapped over examples, so they must be independent: use `model.eval()`).
+    - `platforms`: lowering platforms (default: the current backend), e.g. `("cpu", "cuda")`.
+
+    **Returns:** a `jax.export.Exported`; `.serialize()` gives bytes.
+    """
+    params, fn = extract(model)
+    if batch_dim:
+        fn = _per_example(fn)
+    arrays = [to_jax(a) for a in example_args]
+    batch = jax.export.symbolic_shape("b")[0] if batch_dim else None
+    specs = [_spec(a, batch) for a in arrays]
+    kwargs = {} if platforms is None else {"platforms": platforms}
+    if embed_params:
+        return jax.export.export(jax.jit(lambda *xs: fn(params, *xs)), **kwargs)(*specs)
+    pspecs = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
+    return jax.export.export(jax.jit(fn), **kwargs)(pspecs, *specs)
