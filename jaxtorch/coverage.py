@@ -73,7 +73,7 @@ def how(op: torch._ops.OpOverload) -> str:
     if registry.lookup(op) is not None or op in _interp._SPECIAL:
         return LOWERED
     sib = _sibling(op)
-    if sib is not None and (registry.lookup(sib) is not None or sib in _interp._SPECIAL):
+    if sib is not None and registry.lookup(sib) is not None:
         return LOWERED
     if _interp._decomposition(op) is not None:
         return DECOMPOSED
