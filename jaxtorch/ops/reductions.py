@@ -53,7 +53,10 @@ def _keep(out, a, axes, keepdim: bool):
     return jnp.expand_dims(out, axes) if keepdim and axes else out
 
 
-def _check_nonempty(name: str, a, axes) -> None:
+def _check_nonempty(name: str, a, axes, all_dims: bool = False) -> None:
+    if a.size == 0 and all_dims:
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                           "Specify the reduction dim with the 'dim' argument.")
     if a.size == 0:
         for ax in axes or range(a.ndim):
             if a.shape[ax] == 0:
@@ -148,14 +151,14 @@ def nanmean(a, dim=None, keepdim=False, *, dtype=None):
 def amax(a, dim=(), keepdim=False):
     """`torch.amax`: NaN-propagating; the gradient is shared evenly among tied maxima."""
     axes = _axes(a, dim)
-    _check_nonempty("amax", a, axes)
+    _check_nonempty("amax", a, axes, all_dims=not dim)
     return jnp.max(a, axis=axes, keepdims=keepdim)
 
 
 @register(aten.amin.default)
 def amin(a, dim=(), keepdim=False):
     axes = _axes(a, dim)
-    _check_nonempty("amin", a, axes)
+    _check_nonempty("amin", a, axes, all_dims=not dim)
     return jnp.min(a, axis=axes, keepdims=keepdim)
 
 
@@ -211,7 +214,7 @@ def aminmax(a, *, dim=None, keepdim=False):
 def _arg_extreme(name: str, arg, a, dim, keepdim: bool):
     if dim is None:
         if a.size == 0:
-            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
         out = arg(a.reshape(-1))
         return _index(out.reshape((1,) * a.ndim) if keepdim else out)
 
@@ -429,6 +432,8 @@ def trace(a):
     """`torch.trace` of a matrix; bool/int accumulate in int64."""
     if a.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {a.ndim}")
+    if a.dtype == np.bool_:
+        raise NotImplementedError("\"trace\" not implemented for 'Bool'")
     return jnp.trace(a, dtype=_sum_dtype(a, None))
 
 
@@ -569,6 +574,7 @@ def nanmedian_dim(a, dim, keepdim=False):
 def kthvalue(a, k, dim=-1, keepdim=False):
     """`torch.kthvalue` -> (values, indices) of the k-th smallest element (1-based)."""
     def fn(x, axis):
+        _check_nonempty("kthvalue", x, (axis,))
         if not 1 <= k <= x.shape[axis]:
             raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {axis}")
         order = stable_argsort(x, axis)
