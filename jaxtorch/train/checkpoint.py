@@ -166,8 +166,8 @@ def _decode_array(node, arrays, sharding, path):
         sharding = sharding.sharding
     if isinstance(sharding, jax.sharding.Sharding):
         out = jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
-    else:
-        out = jnp.asarray(host)
+    else:  # committed, like jit outputs: a resumed step reuses the compiled step
+        out = jax.device_put(host, jax.local_devices()[0])
     if "key_impl" in node:
         out = jax.random.wrap_key_data(out, impl=node["key_impl"])
     return out

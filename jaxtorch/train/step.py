@@ -49,6 +49,31 @@ def remat_policy(remat: Remat):
     raise ValueError(f"remat: expected None, True, a policy name or callable, got {remat!r}")
 
 
+def _common_sharding(params: dict):
+    """A replicated sharding over the devices the params live on (for scalars of the state)."""
+    for v in params.values():
+        sharding = getattr(v, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        if sharding is not None:
+            return next(iter(sharding.device_set))
+    return jax.devices()[0]
+
+
+def _place_like(opt_state, train: dict):
+    """Commit each optimizer-state leaf to its parameter's sharding (Adam's `mu["fc.weight"]` like
+    `fc.weight`), others (counts) replicated: every later step then sees the same placements."""
+    replicated = _common_sharding(train)
+
+    def place(path, leaf):
+        for k in reversed(path):
+            if isinstance(k, jax.tree_util.DictKey) and k.key in train and train[k.key].shape == leaf.shape:
+                return jax.device_put(leaf, train[k.key].sharding)
+        return jax.device_put(leaf, replicated)
+
+    return jax.tree_util.tree_map_with_path(place, opt_state)
+
+
 def _as_call(inputs) -> tuple[tuple, dict]:
     """`inputs` as positional/keyword arguments: a tuple is unpacked, a dict is keywords."""
     if isinstance(inputs, tuple) and not hasattr(type(inputs), "_fields"):
@@ -113,11 +138,13 @@ def make_train_step(
         return {k: v for k, v in p.items() if mask[k]}, {k: v for k, v in p.items() if not mask[k]}
 
     def init(params: dict | None = None) -> TrainState:
-        if params is None:
-            params = {k: jnp.array(v, copy=True) for k, v in params0.items()}
+        if params is None:  # committed copies: jit outputs are committed, so later steps hit the same cache
+            device = jax.devices()[0]
+            params = {k: jax.device_put(jnp.array(v, copy=True), device) for k, v in params0.items()}
         train, _ = split(params)
-        opt_state = jax.jit(optimizer.init)(train)  # jit: the state follows the params' shardings
-        return TrainState(params=dict(params), opt_state=opt_state, step=jnp.zeros((), jnp.int32))
+        opt_state = _place_like(jax.jit(optimizer.init)(train), train)
+        count = jax.device_put(jnp.zeros((), jnp.int32), _common_sharding(params))
+        return TrainState(params=dict(params), opt_state=opt_state, step=count)
 
     def loss_and_buffers(train, rest, inputs, targets, key):
         p = {**rest, **train}
@@ -182,6 +209,7 @@ def make_train_step(
     run.__doc__ = step.__doc__ = "step(state, inputs, targets, rng=None) -> (state, loss): one optimizer update."
     run.lower = getattr(compiled, "lower", None)  # AOT: step.lower(state, x, y, key).compile()
     run.pure = step  # the un-jitted pure function (for make_jaxpr, shard_map, custom jit options)
+    run.jitted = compiled
     return init, run
 
 

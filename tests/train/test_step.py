@@ -233,3 +233,16 @@ def test_inputs_as_tuple_and_dict():
     _, l2 = step(init(), {"a": a, "b": b}, y)
     expected = torch.nn.functional.mse_loss(model(a, b), y).item()
     np.testing.assert_allclose([float(l1), float(l2)], [expected] * 2, rtol=1e-5)
+
+
+def test_one_compilation_across_steps_and_resume(tmp_path):
+    from jaxtorch.train import load_checkpoint, save_checkpoint
+
+    model = MLP()
+    init, step = make_train_step(model, mse, optax.adamw(1e-2))
+    state = init()
+    for i in range(3):
+        state, _ = step(state, *_data(seed=i))
+    save_checkpoint(state, tmp_path / "c.safetensors")
+    state, _ = step(load_checkpoint(tmp_path / "c.safetensors"), *_data())
+    assert step.jitted._cache_size() == 1  # init, step outputs and loaded states all look alike to jit
