@@ -203,10 +203,19 @@ def _lu_info(lu):
     return jnp.where(jnp.any(zero, axis=-1), first, 0).astype(jnp.int32)
 
 
+def _det(a):
+    n = a.shape[-1]
+    if n == 0:
+        return jnp.ones(a.shape[:-2], a.dtype)
+    if n == 1:  # jnp.linalg.det's derivative needs n >= 2
+        return a[..., 0, 0]
+    return jnp.linalg.det(a)
+
+
 @register(aten._linalg_det.default)
 def linalg_det(a):
     lu, piv, _ = _lu_factor(lax.stop_gradient(a))
-    return jnp.linalg.det(a), lu, piv
+    return _det(a), lu, piv
 
 
 @register(aten._linalg_slogdet.default)
@@ -395,7 +404,9 @@ def ormqr(a, tau, c, left=True, transpose=False):
 
 @register(aten._linalg_eigh.default)
 def linalg_eigh(a, UPLO="L", compute_v=True):
-    v, w = lax_linalg.eigh(a, lower=(UPLO == "L"), symmetrize_input=False)
+    # Only the UPLO triangle is read; the gradient is Hermitian, as torch's.
+    sym = _sym_from_lower(a if UPLO == "L" else _mH(a))
+    v, w = lax_linalg.eigh(sym, lower=True, symmetrize_input=False)
     return (w, v) if compute_v else (w, _empty(a.dtype))
 
 
