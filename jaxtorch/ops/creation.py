@@ -209,7 +209,9 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
 
     Integer arguments give int64, any float argument the default float dtype. The length
     is `ceil((end - start) / step)`; for int64 results (or all-integer arguments) the
-    arguments are truncated to integers first, as ATen does.
+    arguments are truncated to integers first, as ATen does. (Without JAX's 64-bit mode
+    int64 and int32 are both stored as int32, so an explicit `dtype=torch.int32` with float
+    arguments follows the int64 rule.)
 
     **Example:** `torch.arange(0, 1, 0.25)` is `[0., 0.25, 0.5, 0.75]`.
     """
