@@ -78,18 +78,29 @@ def add(a, b, alpha=1):
     return a + (b * alpha if alpha != 1 else b)
 
 
-@register(aten.sub.Tensor, aten.sub.Scalar)
+def _no_bool_sub(a, b):
+    if _is_bool(a) or _is_bool(b) or isinstance(b, bool):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
 @elementwise(DEFAULT, n=2)
-def sub(a, b, alpha=1):
-    """`a - alpha * b`."""
+def _sub(a, b, alpha=1):
     return a - (b * alpha if alpha != 1 else b)
 
 
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def sub(a, b, alpha=1):
+    """`a - alpha * b` (bool operands are refused, as torch does)."""
+    _no_bool_sub(a, b)
+    return _sub(a, b, alpha)
+
+
 @register(aten.rsub.Tensor, aten.rsub.Scalar)
-@elementwise(DEFAULT, n=2)
 def rsub(a, b, alpha=1):
     """`b - alpha * a` (torch's `other - self`)."""
-    return b - (a * alpha if alpha != 1 else a)
+    _no_bool_sub(a, b)
+    return _sub(b, a, alpha)
 
 
 @register(aten.mul.Tensor, aten.mul.Scalar)
