@@ -30,7 +30,6 @@ from ._semantics import canon_dim, category, is_array, result_type
 from .registry import register
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -86,7 +85,12 @@ def _identity(reduce: str, dtype):
 
 
 def _reduce_into(a, idx: tuple, src, reduce: str, include_self: bool = True):
-    """`a` with `src` combined into the positions `idx` (duplicates reduced) by `reduce`."""
+    """`a` with `src` combined into the positions `idx` (duplicates reduced) by `reduce`.
+
+    Booleans sum as logical or and multiply as logical and, like torch."""
+    if a.dtype == np.bool_:
+        out = _reduce_into(a.astype(jnp.int32), idx, src.astype(jnp.int32), reduce, include_self)
+        return out != 0
     src = src.astype(a.dtype)
     base = a
     if not include_self:
@@ -158,7 +162,7 @@ def _mask_put(a, k: int, mask, values, accumulate: bool):
     else:
         vals = values.reshape(values.shape[nnz_axis + 1:]) if nnz_axis >= 0 else values
     if accumulate:
-        return a + jnp.where(mask_b, vals, jnp.zeros((), a.dtype))
+        return jnp.where(mask_b, (a + vals) if a.dtype != np.bool_ else (a | vals), a)
     return jnp.where(mask_b, vals, a)
 
 
@@ -172,8 +176,9 @@ def index_put(a, indices, values, accumulate=False, unsafe=False):
     if k is not None:
         return _mask_put(a, k, indices[k], values, accumulate)
     idx = _index_tuple(indices)
-    values = values.astype(a.dtype)
-    return a.at[idx].add(values) if accumulate else a.at[idx].set(values)
+    if accumulate:
+        return _reduce_into(a, idx, values, "sum")
+    return a.at[idx].set(values.astype(a.dtype))
 
 
 @register(aten._unsafe_masked_index.default)
@@ -187,7 +192,7 @@ def unsafe_masked_index(a, mask, indices, fill):
 def unsafe_masked_index_put_accumulate(a, mask, indices, values):
     """`a[indices] += values` where `mask` holds."""
     values = jnp.where(mask, values.astype(a.dtype), jnp.zeros((), a.dtype))
-    return a.at[_index_tuple(indices)].add(values)
+    return _reduce_into(a, _index_tuple(indices), values, "sum")
 
 
 @register(aten.index_select.default)
@@ -207,9 +212,9 @@ def take(a, index):
 @register(aten.put.default)
 def put(a, index, source, accumulate=False):
     """`x.put(idx, src, accumulate)` on the flattened tensor."""
-    ref = a.reshape(-1).at[index.reshape(-1)]
-    src = source.reshape(-1).astype(a.dtype)
-    return (ref.add(src) if accumulate else ref.set(src)).reshape(a.shape)
+    flat, idx, src = a.reshape(-1), index.reshape(-1), source.reshape(-1)
+    out = _reduce_into(flat, (idx,), src, "sum") if accumulate else flat.at[idx].set(src.astype(a.dtype))
+    return out.reshape(a.shape)
 
 
 # ---- gather / scatter -------------------------------------------------------------------------
@@ -269,7 +274,7 @@ def index_add(a, dim, index, source, alpha=1):
     src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1:]) if source.ndim == 0 else source
     if alpha != 1:
         src = src * alpha
-    return a.at[_at(a.ndim, dim, _1d(index))].add(src.astype(a.dtype))
+    return _reduce_into(a, _at(a.ndim, dim, _1d(index)), src, "sum")
 
 
 @register(aten.index_copy.default)
@@ -338,7 +343,7 @@ def nonzero_static(a, size, fill_value=-1):
     return out.astype(canonical_int())
 
 
-@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, prims.where.default)
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(condition, a, b):
     """`torch.where(cond, x, y)`: x and y promote like an elementwise op."""
     dtype = result_type(a, b)

@@ -31,7 +31,6 @@ from ._semantics import canon_dim
 from .registry import register
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -76,14 +75,13 @@ def _promote_all(tensors: Sequence) -> list:
 
 
 # ---- reshapes -----------------------------------------------------------------------------
-@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default,
-          prims.reshape.default)
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
 def view(a, size, stride=None):
     """`x.view(2, -1)`: a reshape; `-1` infers one size."""
     return jnp.reshape(a, tuple(size))
 
 
-@register(aten.view.dtype, prims.view_of_dtype.default)
+@register(aten.view.dtype)
 def view_dtype(a, dtype):
     """`x.view(torch.int32)`: reinterpret the bits; the last dim scales with the element size."""
     dtype = np.dtype(dtype)
@@ -116,12 +114,8 @@ def expand(a, size, implicit: bool = False):
     return jnp.broadcast_to(a, tuple(shape))
 
 
-@register(prims.broadcast_in_dim.default)
-def broadcast_in_dim(a, shape, broadcast_dimensions):
-    return lax.broadcast_in_dim(a, tuple(shape), tuple(broadcast_dimensions))
 
-
-@register(aten.permute.default, prims.transpose.default)
+@register(aten.permute.default)
 def permute(a, dims):
     """`x.permute(2, 0, 1)`."""
     return jnp.transpose(a, tuple(canon_dim(d, a.ndim) for d in dims))
@@ -141,7 +135,7 @@ def transpose(a, dim0, dim1):
     return jnp.swapaxes(a, canon_dim(dim0, a.ndim), canon_dim(dim1, a.ndim))
 
 
-@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, prims.squeeze.default)
+@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def squeeze(a, dim=None):
     """`x.squeeze()`, `x.squeeze(1)`, `x.squeeze((0, 2))`: drop size-1 dims (others stay)."""
     if a.ndim == 0:
@@ -161,20 +155,7 @@ def unsqueeze(a, dim):
     return jnp.expand_dims(a, canon_dim(dim, a.ndim + 1))
 
 
-@register(prims.collapse_view.default, prims.collapse.default)
-def collapse(a, start, end):
-    return a.reshape(a.shape[:start] + (-1,) + a.shape[end:]) if a.size else a.reshape(
-        a.shape[:start] + (math.prod(a.shape[start:end]),) + a.shape[end:])
 
-
-@register(prims.split_dim.default)
-def split_dim(a, dim, outer_length):
-    return a.reshape(a.shape[:dim] + (outer_length, a.shape[dim] // outer_length) + a.shape[dim + 1:])
-
-
-@register(prims.view_of.default)
-def view_of(a):
-    return a
 
 
 # ---- selecting parts --------------------------------------------------------------------------
@@ -315,14 +296,14 @@ def diagonal_scatter(a, src, offset=0, dim1=0, dim2=1):
     return scatter_through(a, lambda v: diagonal(v, offset, dim1, dim2), src)
 
 
-@register(aten.as_strided_scatter.default, prims.as_strided_scatter.default)
+@register(aten.as_strided_scatter.default)
 def as_strided_scatter(a, src, size, stride, storage_offset=None):
     """`torch.as_strided_scatter(x, src, size, stride)`."""
     return scatter_through(a, lambda v: as_strided(v, size, stride, storage_offset), src)
 
 
 # ---- copies -------------------------------------------------------------------------------------
-@register(aten.clone.default, prims.clone.default)
+@register(aten.clone.default)
 def clone(a, memory_format=None):
     """`x.clone()`: a fresh array (JAX arrays are immutable, so the copy is only logical)."""
     return jnp.array(a, copy=True)
@@ -334,7 +315,7 @@ def alias_copy(a):
 
 
 # ---- joining ------------------------------------------------------------------------------------
-@register(aten.cat.default, prims.cat.default)
+@register(aten.cat.default)
 def cat(tensors, dim=0):
     """`torch.cat(ts, dim)`: dtypes promote; legacy 1-d empty tensors (shape `(0,)`) are skipped."""
     tensors = list(tensors)
@@ -387,7 +368,7 @@ def block_diag(tensors):
 
 
 # ---- reordering ---------------------------------------------------------------------------------
-@register(aten.flip.default, prims.rev.default)
+@register(aten.flip.default)
 def flip(a, dims):
     """`x.flip((0, 1))`."""
     if a.ndim == 0:
@@ -446,10 +427,22 @@ def constant_pad_nd(a, pad, value=0):
 
 
 def _mode_pad(a, padding, mode: str):
-    pairs = _pad_pairs(a.ndim, padding)
-    crop = tuple(slice(max(-lo, 0), a.shape[d] - max(-hi, 0)) for d, (lo, hi) in enumerate(pairs))
-    a = a[crop]
-    return jnp.pad(a, [(max(lo, 0), max(hi, 0)) for lo, hi in pairs], mode=mode)
+    """Pad by gathering, per padded dim, the source index of each output position; negative
+    pads crop (as torch's replicate padding allows)."""
+    for d, (lo, hi) in enumerate(_pad_pairs(a.ndim, padding)):
+        if lo == 0 and hi == 0:
+            continue
+        n = a.shape[d]
+        i = np.arange(-lo, n + hi)
+        if mode == "edge":
+            i = np.clip(i, 0, n - 1)
+        else:  # reflect, without repeating the edge
+            if (lo >= n or hi >= n) and n > 0:
+                raise RuntimeError(f"reflection padding ({lo}, {hi}) must be smaller than the input size {n}")
+            i = np.abs(i)
+            i = np.where(i > n - 1, 2 * (n - 1) - i, i)
+        a = jnp.take(a, i, axis=d)
+    return a
 
 
 @register(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
@@ -462,12 +455,6 @@ def reflection_pad(a, padding):
 def replication_pad(a, padding):
     """`F.pad(x, p, mode="replicate")`; negative pads crop."""
     return _mode_pad(a, padding, "edge")
-
-
-@register(aten._pad_circular.default)
-def pad_circular(a, pad):
-    """`F.pad(x, p, mode="circular")`; negative pads crop."""
-    return _mode_pad(a, pad, "wrap")
 
 
 # ---- triangles and diagonals -----------------------------------------------------------------
