@@ -148,13 +148,23 @@ def _pool_setup(x, n, kernel_size, stride, padding, dilation, ceil_mode):
 
 def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode, with_indices):
     k, s, d, lead, pads = _pool_setup(x, n, kernel_size, stride, padding, dilation, ceil_mode)
-    low = -jnp.inf if category(x.dtype) >= 2 else jnp.iinfo(x.dtype).min
-    low = jnp.array(low, x.dtype)
+    low = -np.inf if category(x.dtype) >= 2 else int(jnp.iinfo(x.dtype).min)
     window, strides, wdil = (1,) * lead + k, (1,) * lead + s, (1,) * lead + d
-    values = lax.reduce_window(lax.pad(x, low, pads), low, lax.max, window, strides, "VALID",
-                               window_dilation=wdil)
-    if not with_indices:
-        return values
+    dilated = any(dd != 1 for dd in d)
+    if not with_indices and not dilated:  # reduce_window_max: fast, and differentiable by JAX
+        return lax.reduce_window(lax.pad(x, jnp.array(low, x.dtype), pads), low, lax.max, window, strides, "VALID")
+    ind = _max_pool_indices(x, lead, pads, window, strides, wdil, low)
+    if dilated:  # JAX cannot differentiate dilated reduce_window_max: gather the winners instead
+        values = jnp.take_along_axis(x.reshape(x.shape[:lead] + (-1,)), ind.reshape(ind.shape[:lead] + (-1,)),
+                                     axis=-1).reshape(ind.shape)
+    else:
+        values = lax.reduce_window(lax.pad(x, jnp.array(low, x.dtype), pads), low, lax.max, window, strides,
+                                   "VALID")
+    return (values, ind.astype(canonical_int())) if with_indices else values
+
+
+def _max_pool_indices(x, lead, pads, window, strides, wdil, low):
+    """Flat spatial index of each window's max (first max wins; NaN counts as the max, like torch)."""
     spatial = x.shape[lead:]
     big = jnp.iinfo(jnp.int32).max
     idx = jnp.broadcast_to(jnp.arange(math.prod(spatial), dtype=jnp.int32).reshape(spatial), x.shape)
@@ -166,10 +176,11 @@ def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode, with_indi
         take_b = (bv > av) | (b_nan & ~a_nan) | (((bv == av) | (a_nan & b_nan)) & (bi < ai))
         return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
 
-    _, ind = lax.reduce_window((lax.pad(xs, low, pads), lax.pad(idx, jnp.int32(big), pads)),
-                               (low, jnp.array(big, jnp.int32)), pick, window, strides, "VALID",
+    lowv = jnp.array(low, x.dtype)
+    _, ind = lax.reduce_window((lax.pad(xs, lowv, pads), lax.pad(idx, jnp.int32(big), pads)),
+                               (lowv, jnp.array(big, jnp.int32)), pick, window, strides, "VALID",
                                window_dilation=wdil)
-    return values, ind.astype(canonical_int())
+    return ind
 
 
 @register(aten.max_pool2d_with_indices.default)
@@ -1124,3 +1135,80 @@ def native_dropout(input, p, train, *, key):
 @register(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
     return (grad_output * mask * scale).astype(grad_output.dtype)
+
+
+# ---- grid sampling ----------------------------------------------------------------------------
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    lo, span = twice_low / 2, (twice_high - twice_low) / 2
+    c = jnp.abs(coord - lo)
+    extra, flips = jnp.fmod(c, span), jnp.floor(c / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + lo, span - extra + lo)
+
+
+def _pad_coord(coord, size, padding_mode, align_corners):
+    if padding_mode == 1:  # border
+        return jnp.clip(coord, 0, size - 1)
+    if padding_mode == 2:  # reflection
+        coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+@register(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    """`F.grid_sample` on 4-d inputs: bilinear (0), nearest (1) or bicubic (2) sampling with zeros (0),
+    border (1) or reflection (2) padding, as gathers from the flattened image."""
+    N, C, H, W = input.shape
+    flat = input.reshape(N, C, H * W)
+    gx, gy = grid[..., 0], grid[..., 1]
+
+    def unnormalize(g, size):
+        return (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+
+    def tap(x, y):  # values at integer (x, y), zero outside the image
+        inside = (x >= 0) & (x <= W - 1) & (y >= 0) & (y <= H - 1)
+        xi, yi = jnp.clip(x, 0, W - 1).astype(jnp.int32), jnp.clip(y, 0, H - 1).astype(jnp.int32)
+        idx = (yi * W + xi).reshape(N, 1, -1)
+        vals = jnp.take_along_axis(flat, jnp.broadcast_to(idx, (N, C, idx.shape[-1])), axis=2)
+        return jnp.where(inside.reshape(N, 1, -1), vals, 0).reshape((N, C) + x.shape[1:])
+
+    ix, iy = unnormalize(gx, W), unnormalize(gy, H)
+    if interpolation_mode == 2:  # bicubic: padding applies to each tap
+        x0, y0 = jnp.floor(ix), jnp.floor(iy)
+        tx, ty = ix - x0, iy - y0
+        a = -0.75
+
+        def coeffs(t):
+            c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
+            c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
+            return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+
+        cx, cy = coeffs(tx), coeffs(ty)
+        out = 0
+        for j in range(4):
+            yy = _pad_coord(y0 - 1 + j, H, padding_mode, align_corners)
+            row = 0
+            for i in range(4):
+                xx = _pad_coord(x0 - 1 + i, W, padding_mode, align_corners)
+                row = row + tap(xx, yy) * cx[i][:, None]
+            out = out + row * cy[j][:, None]
+        return out.astype(input.dtype)
+    ix = _pad_coord(ix, W, padding_mode, align_corners)
+    iy = _pad_coord(iy, H, padding_mode, align_corners)
+    if interpolation_mode == 1:
+        return tap(jnp.round(ix), jnp.round(iy)).astype(input.dtype)
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    wx, wy = (ix - x0)[:, None], (iy - y0)[:, None]
+    out = (tap(x0, y0) * (1 - wx) * (1 - wy) + tap(x0 + 1, y0) * wx * (1 - wy)
+           + tap(x0, y0 + 1) * (1 - wx) * wy + tap(x0 + 1, y0 + 1) * wx * wy)
+    return out.astype(input.dtype)
+
+
+@register(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    gi, gg = _vjp(lambda x, g: grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners),
+                  (input, grid), grad_output)
+    return (gi if output_mask[0] else None, gg)
