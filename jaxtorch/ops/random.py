@@ -32,7 +32,6 @@ from ..bridge.dtypes import canonical_int, default_float
 from .registry import register
 
 aten = torch.ops.aten
-_IGNORED = ("layout", "device", "pin_memory", "memory_format", "generator")
 
 
 def _shape(size: Sequence[int] | int) -> tuple[int, ...]:

@@ -143,10 +143,6 @@ def test_factory_without_device_is_jax_inside_call_torch():
 
 
 # ---- random -----------------------------------------------------------------------------------
-def _uniform_src(d):
-    return torch.empty(4000, device=d)
-
-
 RANDOM = {
     "rand": lambda: torch.rand(2, 3, device="jax"),
     "rand_bf16": lambda: torch.rand(5, dtype=torch.bfloat16, device="jax"),
@@ -182,7 +178,7 @@ RANDOM = {
     "binomial": lambda: torch.binomial(torch.full((16,), 10.0, device="jax"), torch.full((16,), 0.5, device="jax")),
     "standard_gamma": lambda: torch._standard_gamma(torch.ones(16, device="jax")),
     "dirichlet": lambda: torch._sample_dirichlet(torch.ones(4, 3, device="jax")),
-    "dropout_free_view": lambda: _normal_into_view(),
+    "normal_into_view": lambda: _normal_into_view(),
 }
 
 
