@@ -244,17 +244,27 @@ def frexp(a):
 
 
 # ---- elementwise binary ------------------------------------------------------------------
+def _int_dtype(a, b) -> bool:
+    return category(_shared_dtype(a, b) or np.dtype(type(a))) <= _INT
+
+
+def _lax_operands(a, b):
+    """Both operands as arrays of their shared dtype and broadcast shape (lax does neither)."""
+    dtype = _shared_dtype(a, b)
+    return jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
+
+
 def _div(a, b):
     """Truncating division for integers, true division otherwise."""
-    if category(a.dtype) <= _INT:
-        return lax.div(a, b)
-    return a / b
+    if _int_dtype(a, b):
+        return lax.div(*_lax_operands(a, b))
+    return jnp.true_divide(a, b)
 
 
 def _fmod(a, b):
     """C fmod: the result has the sign of `a`."""
-    if category(a.dtype) <= _INT:
-        return lax.rem(a, b)
+    if _int_dtype(a, b):
+        return lax.rem(*_lax_operands(a, b))
     return jnp.fmod(a, b)
 
 
