@@ -223,6 +223,26 @@ def test_eig_and_eigvalsh():
     check(lambda a: torch.linalg.eigvalsh(a, UPLO="U"), a)
 
 
+def test_eigvalsh_grad_is_hermitian_like_torch():
+    a = torch.randn(4, 4)  # not symmetric: only the UPLO triangle is read
+    check_grad(torch.linalg.eigvalsh, a)
+    check_grad(lambda x: torch.linalg.eigvalsh(x, UPLO="U"), a)
+
+
+def test_det_grad_small():
+    check_grad(torch.linalg.det, torch.randn(3, 1, 1))
+    check_grad(torch.linalg.det, torch.randn(2, 2))
+
+
+def test_ldl_factor_and_solve_match_lapack_pivots():
+    a = torch.randn(3, 6, 6)
+    a = a + a.mT  # indefinite: exercises 2x2 Bunch-Kaufman pivots
+    check(torch.linalg.ldl_factor, a)
+    ld, piv = torch.linalg.ldl_factor(a)
+    assert (piv < 0).any()
+    check(torch.linalg.ldl_solve, ld, piv, torch.randn(3, 6, 2), tol=1e-3)
+
+
 def test_pinv_and_lstsq():
     a = torch.randn(2, 5, 3)
     check(torch.linalg.pinv, a, tol=1e-3)
