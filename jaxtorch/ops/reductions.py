@@ -627,6 +627,45 @@ def histc(a, bins=100, min=0, max=0):
     return jnp.zeros((bins,), a.dtype).at[pos].add(inside.astype(a.dtype))
 
 
+def _linspace(lo, hi, n: int):
+    """torch's linspace: filled from both ends, so the last edge is exactly `hi`."""
+    i = jnp.arange(n)
+    step = (hi - lo) / max(n - 1, 1)
+    return jnp.where(i < n // 2, lo + step * i, hi - step * (n - 1 - i))
+
+
+def _histogram(a, edges, weight, density: bool):
+    flat = a.reshape(-1)
+    n = edges.shape[0] - 1
+    pos = jnp.clip(jnp.searchsorted(edges, flat, side="right") - 1, 0, n - 1)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    w = inside.astype(a.dtype) if weight is None else jnp.where(inside, weight.reshape(-1).astype(a.dtype), 0)
+    hist = jnp.zeros((n,), a.dtype).at[pos].add(w)
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist, edges
+
+
+@register(aten.histogram.bin_ct)
+def histogram(a, bins=100, *, range=None, weight=None, density=False):
+    """`torch.histogram` with a bin count -> (hist, bin_edges); the data's range unless `range` is given."""
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], a.dtype), jnp.asarray(range[1], a.dtype)
+    elif a.size == 0:
+        lo, hi = jnp.zeros((), a.dtype), jnp.ones((), a.dtype)
+    else:
+        lo, hi = jnp.min(a), jnp.max(a)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return _histogram(a, _linspace(lo, hi, bins + 1).astype(a.dtype), weight, density)
+
+
+@register(aten.histogram.bins_tensor)
+def histogram_edges(a, bins, *, weight=None, density=False):
+    """`torch.histogram` with explicit (increasing) bin edges -> (hist, bin_edges)."""
+    return _histogram(a, bins.astype(a.dtype), weight, density)
+
+
 @register(aten.bincount.default, data_dependent=True)
 def bincount(a, weights=None, minlength=0):
     """`torch.bincount` (eager only: its length is `max(a) + 1`). Int weights give float32, not float64."""

@@ -311,6 +311,17 @@ def test_histc():
     check(lambda x: torch.histc(x, bins=3), torch.full((4,), 2.0))
 
 
+def test_histogram():
+    t = torch.randn(50)
+    w = torch.rand(50)
+    check(lambda x: torch.histogram(x, bins=6), t)
+    check(lambda x: torch.histogram(x, bins=4, range=(-1.0, 1.0), density=True), t)
+    check(lambda x, y: torch.histogram(x, bins=5, weight=y), t, w)
+    check(lambda x: torch.histogram(x, bins=torch.tensor([-2.0, -0.5, 0.0, 3.0])), t)
+    check(lambda x: torch.histogram(x, bins=2), torch.tensor([2.0, 2.0]))  # equal values: +-0.5
+    check(lambda x: torch.histogram(x, bins=3), torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0]))  # values on edges
+
+
 def test_bincount_is_eager_only():
     t = torch.tensor([1, 3, 3, 0, 5])
     w = torch.tensor([0.5, 1.0, 2.0, 1.0, 3.0])
