@@ -241,15 +241,20 @@ def _logical_out(out, a):
     return out.astype(np.uint8) if a.dtype == np.uint8 else out
 
 
+def _logical_axes(a, dim):
+    """Like `_axes`, except that an empty dim list reduces nothing (torch's `all.dims`/`any.dims`)."""
+    return () if isinstance(dim, (list, tuple)) and not dim else _axes(a, dim)
+
+
 @register(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(a, dim=None, keepdim=False):
     """`torch.all`: bool result (uint8 for uint8 inputs); True over empty dims."""
-    return _logical_out(jnp.all(a != 0, axis=_axes(a, dim), keepdims=keepdim), a)
+    return _logical_out(jnp.all(a != 0, axis=_logical_axes(a, dim), keepdims=keepdim), a)
 
 
 @register(aten.any.default, aten.any.dim, aten.any.dims)
 def any_(a, dim=None, keepdim=False):
-    return _logical_out(jnp.any(a != 0, axis=_axes(a, dim), keepdims=keepdim), a)
+    return _logical_out(jnp.any(a != 0, axis=_logical_axes(a, dim), keepdims=keepdim), a)
 
 
 @register(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)

@@ -296,6 +296,8 @@ def test_all_any_count_nonzero():
         check(lambda x: torch.any(x, (0, 2), keepdim=True), t)
         check(lambda x: torch.count_nonzero(x, (0, 1)), t)
     check(lambda x: torch.all(x), XI.to(torch.uint8))  # uint8 in, uint8 out
+    check(lambda x: torch.all(x, dim=[]), XI)  # an empty dim list reduces nothing
+    check(lambda x: torch.any(x, dim=[]), XI.abs().to(torch.uint8))
 
 
 def test_cumulative_ops():
