@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -350,3 +351,12 @@ def where(condition, a, b):
     a = a.astype(dtype) if is_array(a) else jnp.asarray(a, dtype)
     b = b.astype(dtype) if is_array(b) else jnp.asarray(b, dtype)
     return jnp.where(condition.astype(bool), a, b)
+
+
+@register(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad_output, mask, sizes):
+    """The gradient of `masked_scatter` w.r.t. its source: the i-th True position's gradient
+    goes to source element i; the rest of the source gets zeros."""
+    target = jnp.zeros(grad_output.shape, grad_output.dtype)
+    _, vjp = jax.vjp(lambda s: masked_scatter(target, mask, s), jnp.zeros(tuple(sizes), grad_output.dtype))
+    return vjp(grad_output)[0]

@@ -480,3 +480,25 @@ def diag_embed(a, offset=0, dim1=-2, dim2=-1):
     rows, cols = idx + max(-offset, 0), idx + max(offset, 0)
     out = jnp.zeros(a.shape[:-1] + (n, n), a.dtype).at[..., rows, cols].set(a)
     return jnp.moveaxis(out, (-2, -1), (d1, d2))
+
+
+def _pad_backward(mode: str):
+    def backward(grad_output, a, padding):
+        _, vjp = jax.vjp(lambda x: _mode_pad(x, padding, mode), a)
+        return vjp(grad_output.astype(a.dtype))[0]
+
+    backward.__doc__ = f"The gradient of {mode} padding w.r.t. its input (what `loss.backward()` runs)."
+    return backward
+
+
+register(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default,
+         aten.reflection_pad3d_backward.default)(_pad_backward("reflect"))
+register(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+         aten.replication_pad3d_backward.default)(_pad_backward("edge"))
+
+
+@register(aten.unfold_backward.default)
+def unfold_backward(grad_in, input_sizes, dim, size, step):
+    """The gradient of `unfold` w.r.t. its input: overlapping windows add up."""
+    _, vjp = jax.vjp(lambda x: unfold(x, dim, size, step), jnp.zeros(tuple(input_sizes), grad_in.dtype))
+    return vjp(grad_in)[0]

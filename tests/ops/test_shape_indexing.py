@@ -278,3 +278,41 @@ def test_grad_through_indexing_matches_torch():
     (ref,) = torch.autograd.grad(loss(x, idx), x)
     got = jax.grad(lambda a: jaxtorch.call_torch(loss, a, _j(idx)))(_j(x.detach()))
     np.testing.assert_allclose(np.asarray(got), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _setitem_grad(x):
+    y = x * 1
+    y[0, 1:3] = x[1, :2] * 4
+    y[y > 1] = 0.0
+    return y
+
+
+_BACKWARD = {
+    "pad_reflect": lambda x: F.pad(x.reshape(1, 1, 3, 4), (1, 1, 2, 0), mode="reflect"),
+    "pad_replicate": lambda x: F.pad(x.reshape(1, 1, 3, 4), (1, -1, 2, 0), mode="replicate"),
+    "gather": lambda x: x.gather(1, torch.tensor([[0, 0], [3, 1], [2, 2]], device=x.device)),
+    "unfold": lambda x: x.unfold(1, 2, 1),
+    "as_strided": lambda x: x.as_strided((2, 2), (1, 2)),
+    "scatter_amax": lambda x: x.scatter_reduce(0, torch.tensor([[0, 1, 1, 2]], device=x.device), x[:1] * 2, "amax"),
+    "index_put": lambda x: x.index_put((torch.tensor([1, 1], device=x.device),), x[0] * 2, accumulate=True),
+    "masked_scatter": lambda x: x.masked_scatter(x > 0, x * 5),
+    "setitem": _setitem_grad,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BACKWARD))
+def test_loss_backward_on_jax_device(name):
+    """`loss.backward()` on jax-device tensors runs the backward ops through these lowerings too."""
+    fn = _BACKWARD[name]
+    torch.manual_seed(0)
+    base, cot = torch.randn(3, 4), None
+    x = base.clone().requires_grad_(True)
+    out = fn(x)
+    cot = torch.randn(out.shape)
+    (out * cot).sum().backward()
+    with jaxtorch.default_env():
+        xj = base.clone().to("jax").requires_grad_(True)
+        outj = fn(xj)
+        (outj * cot.to("jax")).sum().backward()
+        _assert_same(out, outj.detach().cpu())
+        _assert_same(x.grad, xj.grad.cpu())
