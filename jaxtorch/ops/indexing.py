@@ -160,8 +160,11 @@ def _mask_put(a, k: int, mask, values, accumulate: bool):
         pos = jnp.maximum(jnp.cumsum(mask.reshape(-1)) - 1, 0)
         vals = jnp.broadcast_to(values, a.shape[:k] + values.shape[nnz_axis:]) if k else values
         vals = jnp.take(vals, pos, axis=k).reshape(a.shape)
-    else:
-        vals = values.reshape(values.shape[nnz_axis + 1:]) if nnz_axis >= 0 else values
+    else:  # one value (row) for every selected position, broadcast over the leading slices
+        vals = jnp.squeeze(values, nnz_axis) if nnz_axis >= 0 else values
+        if vals.ndim > len(rest):
+            lead = vals.shape[:vals.ndim - len(rest)]
+            vals = vals.reshape(lead + (1,) * m + rest)
     if accumulate:
         return jnp.where(mask_b, (a + vals) if a.dtype != np.bool_ else (a | vals), a)
     return jnp.where(mask_b, vals, a)

@@ -145,6 +145,8 @@ def test_mask_assignment_of_one_value_per_true_element():
     rows = torch.tensor([True, False, True])
     _check(lambda a, m, v: a.index_put((m,), v), x, rows, torch.randn(2, 4))
     _check(lambda a, m, v: torch.ops.aten.index_put(a, [None, m], v, True), torch.randn(4, 3), rows, torch.randn(4, 2))
+    _check(lambda a, m, v: torch.ops.aten.index_put(a, [None, m], v), torch.randn(4, 3), rows, torch.randn(4, 1))
+    _check(lambda a, m, v: a.index_put((m,), v), torch.randn(3, 2, 4), torch.rand(3, 2) > 0.3, torch.randn(4))
 
 
 def test_boolean_index_read_is_data_dependent_under_jit():
