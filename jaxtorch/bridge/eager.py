@@ -110,6 +110,27 @@ def _make(lowering: Callable, skel_a, skel_k) -> Callable:
     return jax.jit(call)
 
 
+NOT_JITTABLE = object()
+NOT_JITTABLE_ERRORS = _NOT_JITTABLE
+
+
+def enabled() -> bool:
+    """Whether eager ops run through cached jits (`JAXTORCH_EAGER_JIT`, default on)."""
+    return _ENABLED
+
+
+def jit_positional(lowering: Callable, sig: list) -> Callable:
+    """A jit of `lowering` whose array arguments are positional inputs; `sig` holds None for
+    an array and `(type, value)` for a static Python scalar."""
+    statics = [None if s is None else s[1] for s in sig]
+
+    def call(*arrays):
+        it = iter(arrays)
+        return lowering(*[next(it) if s is None else v for s, v in zip(sig, statics)])
+
+    return jax.jit(call)
+
+
 def clear() -> None:
     """Forget all cached executables (after a lowering is replaced)."""
     with _lock:

@@ -3,8 +3,9 @@
 The torch mode stacks are per thread, so enabling the environment affects the thread
 that enables it (documented choice: a serving thread pool or a data loader thread is
 never switched on behind its back). `JaxTensor`s work in every thread regardless: their
-ops always route to JAX; what the environment adds is the two modes (factories such as
-`torch.randn(..., device="jax")`, and named scopes).
+ops always route to JAX. `enable_globally` pushes the dispatch mode only (the eager path
+stays short); `default_env` and `call_torch` push the function mode too, which lets a
+`backward()` under `jax.jit` trace into the same program.
 
 Example:
     ```python
@@ -18,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import torch
+
+from .device import JAX_DEVICE
 from .interpreter import JaxDispatchMode, JaxFunctionMode, jax_default_scope
 
 _local = threading.local()
@@ -41,10 +45,9 @@ def enable_globally() -> None:
     """
     if _stack():
         return
-    fmode, dmode = JaxFunctionMode(), JaxDispatchMode()
-    fmode.__enter__()
+    dmode = JaxDispatchMode()
     dmode.__enter__()
-    _stack().append((fmode, dmode))
+    _stack().append(dmode)
 
 
 def disable_globally() -> None:
@@ -52,9 +55,7 @@ def disable_globally() -> None:
     s = _stack()
     if not s:
         return
-    fmode, dmode = s.pop()
-    dmode.__exit__(None, None, None)
-    fmode.__exit__(None, None, None)
+    s.pop().__exit__(None, None, None)
 
 
 @contextlib.contextmanager
@@ -63,7 +64,9 @@ def default_env(jax_by_default: bool = False):
     JAX values and CPU tensors are moved to JAX (what `call_torch` uses)."""
     with JaxFunctionMode(), JaxDispatchMode():
         if jax_by_default:
-            with jax_default_scope():
+            # torch.device as a context fills `device="jax"` into every factory call, so
+            # `torch.zeros(3)` / `torch.rand(3)` are JAX values (and draw from the rng key).
+            with jax_default_scope(), torch.device(JAX_DEVICE):
                 yield
         else:
             yield

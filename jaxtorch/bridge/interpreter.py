@@ -168,10 +168,43 @@ def _lowering_caller(func, lowering) -> Callable:
     return call
 
 
+_SCALARS = (int, float, bool, type(None))
+
+
 def _make_functional_runner(func, lowering):
     call = _lowering_caller(func, lowering)
+    plain = not (registry.is_flagged(func, registry.RANDOM) or registry.is_flagged(func, registry.DATA_DEPENDENT))
+    jit_cache: dict = {}
+    eager_on = eager.enabled()
 
     def run(args, kwargs):
+        # Fast path, the common eager case: JaxTensors holding concrete arrays and Python
+        # scalars, no kwargs. One cached jax.jit per op and scalar signature.
+        if plain and eager_on and not kwargs:
+            dyn = []
+            sig = []
+            for a in args:
+                t = type(a)
+                if t is JaxTensor:
+                    e = a._jt_elem if a._jt_base is None else a.elem
+                    if type(e) is not _ArrayImpl:
+                        break
+                    dyn.append(e)
+                    sig.append(None)
+                elif t in _SCALARS:
+                    sig.append((t, a))
+                else:
+                    break
+            else:
+                key = tuple(sig)
+                fn = jit_cache.get(key)
+                if fn is None:
+                    fn = jit_cache[key] = eager.jit_positional(lowering, sig)
+                if fn is not eager.NOT_JITTABLE:
+                    try:
+                        return _wrap_out(fn(*dyn))
+                    except eager.NOT_JITTABLE_ERRORS:
+                        jit_cache[key] = eager.NOT_JITTABLE
         return _wrap_out(call(args, kwargs)[0])
 
     return run
@@ -249,6 +282,9 @@ def _decomposition(func):
 
 
 def _build_runner(func) -> Callable:
+    special = _SPECIAL.get(func)  # ops the bridge owns (device moves, copies, aliasing) come first
+    if special is not None:
+        return special
     lowering = registry.lookup(func)
     if lowering is not None:
         if _is_view_op(func):
@@ -272,9 +308,6 @@ def _build_runner(func) -> Callable:
                     return inner(args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
 
             return _make_mutating_runner(func, compute, mutated)
-    special = _SPECIAL.get(func)
-    if special is not None:
-        return special
     decomp = _decomposition(func)
     if decomp is not None:
         return _make_decomp_runner(func, decomp)
@@ -312,7 +345,7 @@ def dispatch(func, args, kwargs):
     r = _RUNNERS.get(func)
     if r is None:
         r = _runner(func)
-    if tracing.pending():  # a backward under jax tracing: this may be torch's autograd thread
+    if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
         with tracing.adopted():
             return r(args, kwargs)
     return r(args, kwargs)
@@ -395,22 +428,24 @@ def _is_factory(func, args, kwargs) -> bool:
 class JaxDispatchMode(TorchDispatchMode):
     """Routes ops on `JaxTensor`s, and factories meant for the jax device, to `dispatch`."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # no torch._dynamo wrapper on the hot path
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if JaxTensor in types or any(issubclass(t, JaxTensor) for t in types):
+            if func is _LIFT_FRESH:
+                return _lift_fresh(args, kwargs or {})
+            return dispatch(func, args, kwargs or {})
         kwargs = kwargs or {}
-        if func in _SPECIAL_MODE:
-            return _SPECIAL_MODE[func](func, args, kwargs)
-        if any(issubclass(t, JaxTensor) for t in types):
-            return dispatch(func, args, kwargs)
+        if func is _LIFT_FRESH:
+            return _lift_fresh(args, kwargs)
         if _is_factory(func, args, kwargs):
             return dispatch(func, args, kwargs)
         return func(*args, **kwargs)
 
 
-def _mode_lift(func, args, kwargs):
-    return _lift_fresh(args, kwargs)
-
-
-_SPECIAL_MODE = {aten.lift_fresh.default: _mode_lift}
+_LIFT_FRESH = aten.lift_fresh.default
 
 
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}

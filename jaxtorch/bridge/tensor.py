@@ -28,7 +28,11 @@ import numpy as np
 import torch
 
 from .device import JAX_DEVICE
-from .dtypes import to_jax_dtype, to_torch_dtype
+from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
+
+
+_TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the current x64 mode
+_X64 = [x64_enabled()]
 
 
 class JaxTensor(torch.Tensor):
@@ -41,13 +45,14 @@ class JaxTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.shape,
-            dtype=dtype if dtype is not None else to_torch_dtype(elem.dtype),
-            device=JAX_DEVICE,
-            requires_grad=requires_grad,
-        )
+        if dtype is None:
+            dtype = _TORCH_DTYPE.get(elem.dtype)
+            if dtype is None or _X64[0] != x64_enabled():
+                _X64[0] = x64_enabled()
+                _TORCH_DTYPE.clear()
+                dtype = _TORCH_DTYPE[elem.dtype] = to_torch_dtype(elem.dtype)
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
+                                                requires_grad=requires_grad)
         r._jt_elem = elem
         r._jt_base = None
         r._jt_view_fn = None

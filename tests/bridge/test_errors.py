@@ -63,3 +63,11 @@ def test_random_under_jit_without_key_is_an_error():
     b = jax.jit(lambda x, k: jaxtorch.call_torch(f, x, rng=k))(jnp.ones(64), jax.random.key(0))
     c = jax.jit(lambda x, k: jaxtorch.call_torch(f, x, rng=k))(jnp.ones(64), jax.random.key(1))
     assert (a == b).all() and not (a == c).all()
+
+
+def test_random_factory_inside_call_torch_draws_from_rng():
+    f = lambda x: x + torch.rand(3)  # noqa: E731  (no device: jax by default inside call_torch)
+    run = jax.jit(lambda x, k: jaxtorch.call_torch(f, x, rng=k))
+    a, b = run(jnp.zeros(3), jax.random.key(0)), run(jnp.zeros(3), jax.random.key(1))
+    assert not (a == b).all()
+    assert (run(jnp.zeros(3), jax.random.key(0)) == a).all()

@@ -128,8 +128,6 @@ def test_arange_bad_range_raises():
         jaxtorch.call_torch(lambda: torch.arange(5, 0, 1, device="jax"))
 
 
-@pytest.mark.xfail(strict=True, reason="bridge: a factory with no device inside call_torch reaches the dispatch "
-                                       "mode with device=cpu, so it runs on the CPU (see helper report)")
 def test_factory_without_device_is_jax_inside_call_torch():
     seen = {}
 

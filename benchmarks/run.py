@@ -1,0 +1,206 @@
+"""jaxtorch benchmarks (issue 6): every figure is a ratio against a reference measured in
+the same run, interleaved where it is a timing, so a busy machine slows both sides alike.
+
+    python benchmarks/run.py            # all, prints a Markdown table
+    python benchmarks/run.py --only eager,trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import jaxtorch  # noqa: E402
+from models import MLP, gpt2, mlp_jax  # noqa: E402
+
+ROWS: list[tuple[str, str, str, str]] = []
+
+
+def report(name: str, value: float, target: str, detail: str) -> None:
+    ROWS.append((name, f"{value:.2f}x", target, detail))
+    print(f"{name}: {value:.3f}x (target {target}) {detail}", flush=True)
+
+
+def interleaved(a, b, n: int, warmup: int = 3) -> tuple[float, float]:
+    """Median seconds of `a()` and `b()`, alternating calls."""
+    for _ in range(warmup):
+        a(), b()
+    ta, tb = [], []
+    for _ in range(n):
+        t0 = time.perf_counter(); a(); ta.append(time.perf_counter() - t0)  # noqa: E702
+        t0 = time.perf_counter(); b(); tb.append(time.perf_counter() - t0)  # noqa: E702
+    return statistics.median(ta), statistics.median(tb)
+
+
+def bench_eager() -> None:
+    jaxtorch.enable_globally()
+    try:
+        a, b = torch.randn(64, 64, device="jax"), torch.randn(64, 64, device="jax")
+        ja, jb = a.jax(), b.jax()
+        t_jt, t_jax = interleaved(lambda: a + b, lambda: ja + jb, 2000, warmup=200)
+    finally:
+        jaxtorch.disable_globally()
+    report("1. eager `a + b` 64x64 (enable_globally) / plain JAX", t_jt / t_jax, "<= 2.0x",
+           f"{t_jt * 1e6:.1f} us vs {t_jax * 1e6:.1f} us, median of 2000")
+
+
+def bench_trace() -> None:
+    model = gpt2(12)
+    ids = torch.randint(0, 8192, (8, 128))
+    with torch.no_grad():
+        model(ids)  # warm torch
+    jids = jaxtorch.to_jax(ids)
+    params, fn = jaxtorch.extract(model)
+    jax.make_jaxpr(lambda p, i: fn(p, i).logits)(params, jids)  # warm caches
+
+    def trace():
+        p, f = jaxtorch.extract(model)
+        jax.make_jaxpr(lambda p, i: f(p, i).logits)(p, jids)
+
+    def eager():
+        with torch.no_grad():
+            model(ids)
+
+    t_trace, t_torch = interleaved(trace, eager, 3, warmup=1)
+    report("2. extract + make_jaxpr, GPT-2 12x256, 8x128 / one eager torch forward", t_trace / t_torch, "<= 0.5x",
+           f"{t_trace * 1e3:.0f} ms vs {t_torch * 1e3:.0f} ms")
+
+
+def _hlo_counts(compiled_text: str) -> dict[str, int]:
+    return {op: sum(1 for line in compiled_text.splitlines() if f" {op}(" in line)
+            for op in ("transpose", "copy", "convert")}
+
+
+def bench_mlp() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    params, fn = jaxtorch.extract(model)
+    x = jax.random.normal(jax.random.key(0), (256, 1024))
+    f_jt = jax.jit(fn)
+    f_ref = jax.jit(mlp_jax)
+    np.testing.assert_allclose(np.asarray(f_jt(params, x)), np.asarray(f_ref(params, x)), rtol=1e-4, atol=1e-4)
+    t_jt, t_ref = interleaved(lambda: f_jt(params, x).block_until_ready(), lambda: f_ref(params, x).block_until_ready(),
+                              200)
+    c_jt = _hlo_counts(f_jt.lower(params, x).compile().as_text())
+    c_ref = _hlo_counts(f_ref.lower(params, x).compile().as_text())
+    report("3. jitted MLP 4x1024 GELU / hand-written JAX", t_jt / t_ref, "<= 1.02x",
+           f"optimized HLO transpose/copy/convert: jaxtorch {c_jt} vs hand-written {c_ref}")
+
+
+def bench_gpt2_forward() -> None:
+    model = gpt2(4)
+    ids = torch.randint(0, 8192, (8, 128))
+    params, fn = jaxtorch.extract(model)
+    jids = jaxtorch.to_jax(ids)
+    f = jax.jit(lambda p, i: fn(p, i).logits)
+    np.testing.assert_allclose(np.asarray(f(params, jids)), model(ids).logits.detach().numpy(), rtol=1e-3, atol=1e-3)
+
+    def torch_fwd():
+        with torch.no_grad():
+            model(ids)
+
+    t_jt, t_torch = interleaved(lambda: f(params, jids).block_until_ready(), torch_fwd, 20)
+    report("4a. jitted GPT-2 forward 4x256, 8x128 / eager torch", t_jt / t_torch, "<= 0.7x",
+           f"{t_jt * 1e3:.1f} ms vs {t_torch * 1e3:.1f} ms")
+
+
+def bench_gpt2_train() -> None:
+    from jaxtorch.train import make_train_step
+
+    model = gpt2(4).train()
+    ids = torch.randint(0, 8192, (8, 128))
+    jids = jaxtorch.to_jax(ids)
+
+    def lm_loss(outputs, ids):
+        return optax.softmax_cross_entropy_with_integer_labels(outputs.logits[:, :-1], ids[:, 1:]).mean()
+
+    init, step = make_train_step(model, lm_loss, optax.adam(1e-4))
+    box = {"s": init()}
+
+    def jt():
+        box["s"], loss = step(box["s"], jids, jids, jax.random.key(0))
+        loss.block_until_ready()
+
+    tmodel = gpt2(4).train()
+    opt = torch.optim.Adam(tmodel.parameters(), lr=1e-4)
+
+    def tt():
+        opt.zero_grad(set_to_none=True)
+        tmodel(ids, labels=ids).loss.backward()
+        opt.step()
+
+    t_jt, t_torch = interleaved(jt, tt, 8, warmup=2)
+    report("4b. jitted GPT-2 train step (value_and_grad + adam) / eager torch backward + Adam", t_jt / t_torch,
+           "<= 0.8x", f"{t_jt * 1e3:.0f} ms vs {t_torch * 1e3:.0f} ms")
+
+
+def bench_memory() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    params, fn = jaxtorch.extract(model)
+    x = jax.random.normal(jax.random.key(0), (256, 1024))
+    opt = optax.adam(1e-3)
+
+    def make(f):
+        def step(p, s, x):
+            loss, g = jax.value_and_grad(lambda p: jnp.mean(f(p, x) ** 2))(p)
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s, loss
+
+        return jax.jit(step)
+
+    def total(f):
+        m = make(f).lower(params, opt.init(params), x).compile().memory_analysis()
+        return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+
+    a, b = total(fn), total(mlp_jax)
+    report("5. train-step memory (compiled: args + temps + outputs), MLP / hand-written JAX", a / b, "<= 1.2x",
+           f"{a / 2**20:.1f} MiB vs {b / 2**20:.1f} MiB")
+    # no duplicate parameter copy: extract's arrays share the torch tensors' memory
+    shared = all(params[n].unsafe_buffer_pointer() == p.data_ptr() for n, p in model.named_parameters())
+    ROWS.append(("5b. extract shares parameter memory with torch (zero-copy)", "yes" if shared else "NO", "yes", ""))
+    print("5b. zero-copy params:", shared)
+
+
+def bench_conversion() -> None:
+    t = torch.randn(64 * 1024 * 1024)  # 256 MB float32
+    small = torch.randn(1024)
+    t_big, t_small = interleaved(lambda: jaxtorch.to_jax(t), lambda: jaxtorch.to_jax(small), 50)
+    a = jaxtorch.to_jax(t)
+    same = a.unsafe_buffer_pointer() == t.data_ptr()
+    back = jaxtorch.to_torch(a)
+    report("6. to_jax(256 MB) / to_jax(4 KB)", t_big / t_small, "~1x (constant time)",
+           f"same buffer: {same}; to_torch same buffer: {back.data_ptr() == t.data_ptr()}")
+    del t, a, back
+    gc.collect()
+
+
+BENCHES = {"eager": bench_eager, "trace": bench_trace, "mlp": bench_mlp, "forward": bench_gpt2_forward,
+           "train": bench_gpt2_train, "memory": bench_memory, "conversion": bench_conversion}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated subset of: " + ",".join(BENCHES))
+    args = ap.parse_args()
+    chosen = [b for b in args.only.split(",") if b] or list(BENCHES)
+    for name in chosen:
+        BENCHES[name]()
+    print("\n| benchmark | ratio | target | detail |\n|---|---|---|---|")
+    for row in ROWS:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
