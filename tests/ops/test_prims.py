@@ -332,3 +332,17 @@ def test_decomposition_under_jit():
     x = _rand(3, 4)
     got = jax.jit(lambda a: jaxtorch.call_torch(lambda t: torch.std(t, 1), a))(jnp.asarray(x.numpy()))
     np.testing.assert_allclose(np.asarray(got), torch.std(x, 1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_grad_through_prims():
+    """jax.grad differentiates through the lowerings (prims have no torch autograd formulas)."""
+    x = _rand(3, 4)
+
+    def loss(t):
+        v = P.var(t, [1], 1.0) * P.broadcast_in_dim(P.rev(t, [0])[:, 0], [3], [0])
+        return P.sum(v, [0])
+
+    g = jax.grad(lambda a: jaxtorch.call_torch(loss, a))(jnp.asarray(x.numpy()))
+    t = x.clone().requires_grad_(True)
+    (torch.var(t, 1) * torch.flip(t, [0])[:, 0]).sum().backward()
+    np.testing.assert_allclose(np.asarray(g), t.grad.numpy(), rtol=1e-5, atol=1e-6)
