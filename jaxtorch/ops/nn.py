@@ -164,7 +164,8 @@ def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode, with_indi
 
 
 def _max_pool_indices(x, lead, pads, window, strides, wdil, low):
-    """Flat spatial index of each window's max (first max wins; NaN counts as the max, like torch)."""
+    """Flat spatial index of each window's max, torch's scan: the first max wins, and a NaN beats
+    everything before it (so the last NaN wins)."""
     spatial = x.shape[lead:]
     big = jnp.iinfo(jnp.int32).max
     idx = jnp.broadcast_to(jnp.arange(math.prod(spatial), dtype=jnp.int32).reshape(spatial), x.shape)
@@ -173,7 +174,7 @@ def _max_pool_indices(x, lead, pads, window, strides, wdil, low):
     def pick(a, b):
         (av, ai), (bv, bi) = a, b
         a_nan, b_nan = av != av, bv != bv
-        take_b = (bv > av) | (b_nan & ~a_nan) | (((bv == av) | (a_nan & b_nan)) & (bi < ai))
+        take_b = jnp.where(a_nan | b_nan, b_nan & (~a_nan | (bi > ai)), (bv > av) | ((bv == av) & (bi < ai)))
         return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
 
     lowv = jnp.array(low, x.dtype)
@@ -250,8 +251,8 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     k, s, _, lead, pads = _pool_setup(x, n, kernel_size, stride, padding, 1, ceil_mode)
     window, strides = (1,) * lead + k, (1,) * lead + s
     xf = _opmath(x)
-    total = lax.reduce_window(lax.pad(xf, jnp.array(0, xf.dtype), pads), jnp.array(0, xf.dtype), lax.add,
-                              window, strides, "VALID")
+    zero = 0.0 if category(xf.dtype) >= 2 else 0  # a Python scalar, so JAX sees reduce_window_sum
+    total = lax.reduce_window(lax.pad(xf, jnp.array(zero, xf.dtype), pads), zero, lax.add, window, strides, "VALID")
     if divisor_override:
         out = total / divisor_override
     else:
@@ -370,7 +371,8 @@ def _adaptive_max(x, output_size, n):
     flat_index = jnp.transpose(flat_index, fperm).reshape(tuple(out_size) + (-1,))
     values = jnp.max(x, axis=-1)
     arg = jnp.argmax(lax.stop_gradient(x), axis=-1)
-    nan_arg = jnp.argmax(jnp.isnan(lax.stop_gradient(x)), axis=-1) if category(x.dtype) >= 2 else arg
+    nan_arg = (x.shape[-1] - 1 - jnp.argmax(jnp.isnan(lax.stop_gradient(x))[..., ::-1], axis=-1)  # last NaN
+               if category(x.dtype) >= 2 else arg)
     has_nan = jnp.any(jnp.isnan(lax.stop_gradient(x)), axis=-1) if category(x.dtype) >= 2 else False
     arg = jnp.where(has_nan, nan_arg, arg)
     fi = jnp.broadcast_to(flat_index, x.shape[:lead] + flat_index.shape)
