@@ -64,7 +64,7 @@ def _like(x, ref):
     return jnp.asarray(x, dtype=ref.dtype) if not is_array(x) or x.dtype != ref.dtype else x
 
 
-def _float_like(*xs):
+def _first_array(*xs):
     return next(x for x in xs if is_array(x))
 
 
@@ -119,7 +119,7 @@ def _true_div(a, b):
 
 def _trunc_div(a, b):
     if _is_int(a) and _is_int(b):
-        ref = _float_like(a, b)
+        ref = _first_array(a, b)
         return lax.div(*jnp.broadcast_arrays(_like(a, ref), _like(b, ref)))
     return jnp.trunc(a / b)
 
@@ -176,7 +176,7 @@ def remainder(a, b):
     """Python's modulus: the result has the sign of the divisor."""
     if _is_int(a) and _is_int(b):
         return jnp.remainder(a, b)
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     a, b = jnp.broadcast_arrays(_like(a, ref), _like(b, ref))
     mod = lax.rem(a, b)
     return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
@@ -186,7 +186,7 @@ def remainder(a, b):
 @elementwise(DEFAULT)
 def fmod(a, b):
     """C's fmod: the result has the sign of the dividend."""
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     return lax.rem(*jnp.broadcast_arrays(_like(a, ref), _like(b, ref)))
 
 
@@ -196,7 +196,7 @@ def _int_pow(a, b):
         if b < 0:
             raise RuntimeError("Integers to negative integer powers are not allowed.")
         return lax.integer_pow(a, b) if is_array(a) else jnp.power(a, b)
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     a, b = _like(a, ref), _like(b, ref)
     if a.dtype == np.bool_:
         return jnp.logical_or(a, ~b)
@@ -214,7 +214,7 @@ def power(a, b):
     if isinstance(b, (int, float)) and not isinstance(b, bool) and float(b).is_integer() and abs(b) <= 64:
         if not _is_complex(a):
             return lax.integer_pow(a, int(b))
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     return jnp.power(_like(a, ref), _like(b, ref))
 
 
@@ -278,7 +278,7 @@ def lerp(a, end, weight):
 @elementwise(INT_TO_FLOAT)
 def copysign(a, b):
     """`|a|` with the sign bit of `b`."""
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     a, b = _like(a, ref), _like(b, ref)
     return jnp.where(jnp.signbit(b), -jnp.abs(a), jnp.abs(a))
 
@@ -288,20 +288,19 @@ def _nextafter(a, b):
     return jnp.nextafter(a, b)
 
 
-# torch: d/da = 1, d/db = 0
-_nextafter.defjvp(lambda primals, tangents: (_nextafter(*primals), jnp.broadcast_to(
-    _zero_tangent(tangents[0], primals[0]), jnp.broadcast_shapes(primals[0].shape, primals[1].shape))))
-
-
-def _zero_tangent(t, x):
-    return jnp.zeros_like(x) if type(t) is jax.custom_derivatives.SymbolicZero else t
+@_nextafter.defjvp
+def _nextafter_jvp(primals, tangents):
+    """torch: d/da = 1, d/db = 0."""
+    a, b = primals
+    out = _nextafter(a, b)
+    return out, jnp.broadcast_to(tangents[0], out.shape)
 
 
 @register(aten.nextafter.default)
 @elementwise(DEFAULT)
 def nextafter(a, b):
     """The next float after `a` towards `b` (gradient 1 w.r.t. `a`, as torch)."""
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     return _nextafter(_like(a, ref), _like(b, ref))
 
 
@@ -327,7 +326,7 @@ def _safe_log(x, bad):
 @elementwise(INT_TO_FLOAT)
 def xlogy(x, y):
     """`x * log(y)`, 0 where `x == 0` (unless `y` is NaN)."""
-    ref = _float_like(x, y)
+    ref = _first_array(x, y)
     x, y = jnp.broadcast_arrays(_like(x, ref), _like(y, ref))
     zero = x == 0
     out = jnp.where(zero, jnp.zeros_like(x), x * _safe_log(y, zero))
@@ -338,7 +337,7 @@ def xlogy(x, y):
 @elementwise(INT_TO_FLOAT)
 def xlog1py(x, y):
     """`x * log1p(y)`, 0 where `x == 0` (unless `y` is NaN)."""
-    ref = _float_like(x, y)
+    ref = _first_array(x, y)
     x, y = jnp.broadcast_arrays(_like(x, ref), _like(y, ref))
     zero = x == 0
     out = jnp.where(zero, jnp.zeros_like(x), x * jnp.log1p(jnp.where(zero, jnp.zeros_like(y), y)))
@@ -760,7 +759,7 @@ def mvlgamma(a, p):
 @elementwise(INT_TO_FLOAT)
 def zeta(x, q):
     """Hurwitz zeta function (inf at x == 1, NaN for x < 1)."""
-    ref = _float_like(x, q)
+    ref = _first_array(x, q)
     return _zeta(*jnp.broadcast_arrays(_like(x, ref), _like(q, ref)))
 
 
@@ -953,7 +952,7 @@ def _bits(x) -> int:
 def bitwise_left_shift(a, b):
     """`a << b`; 0 when `b` is negative or at least the bit width (torch)."""
     _check_integral(a, b)
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     a, b = jnp.broadcast_arrays(_like(a, ref), _like(b, ref))
     bits = _bits(a)
     out = lax.shift_left(a, jnp.clip(b, 0, bits - 1).astype(a.dtype))
@@ -966,7 +965,7 @@ def bitwise_left_shift(a, b):
 def bitwise_right_shift(a, b):
     """`a >> b` (arithmetic for signed types); out-of-range shifts fill with the sign bit."""
     _check_integral(a, b)
-    ref = _float_like(a, b)
+    ref = _first_array(a, b)
     a, b = jnp.broadcast_arrays(_like(a, ref), _like(b, ref))
     bits = _bits(a)
     signed = jnp.issubdtype(a.dtype, jnp.signedinteger)
@@ -1057,7 +1056,7 @@ def _polynomial(*ops):
     def deco(fn):
         @elementwise(INT_TO_FLOAT)
         def lowering(x, n):
-            ref = _float_like(x, n)
+            ref = _first_array(x, n)
             x = _like(x, ref)
             return fn(jnp.broadcast_to(x, jnp.broadcast_shapes(x.shape, jnp.shape(n))), _degree(n, x))
 
