@@ -28,7 +28,7 @@ from jax.lax import linalg as lax_linalg
 from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-exported
 
 from ..bridge.dtypes import canonical_int
-from ._semantics import canon_dim, category, is_array, to_float
+from ._semantics import canon_dim, category, to_float, to_real
 from .registry import register
 
 aten = torch.ops.aten
@@ -453,32 +453,22 @@ def _pinv_forward(a, atol, rtol, hermitian):
     return jnp.matmul(_mH(vh) * sinv[..., None, :], _mH(u))
 
 
-@register(aten.linalg_pinv.atol_rtol_tensor)
-def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
-    """Moore-Penrose pseudo-inverse; singular values below `max(atol, rtol * s_max)` are dropped."""
-    return _pinv_tol(a, atol, rtol, hermitian)
-
-
 def _pinv_tol(a, atol, rtol, hermitian):
-    # Tolerances may be traced arrays: pass them as operands whose tangents are dropped.
-    return _pinv_arr(a, _tol_arg(atol), _tol_arg(rtol), hermitian)
+    """Pseudo-inverse with JAX's threshold-free derivative (well defined at rank deficiency).
 
+    The tolerances (None, Python floats or arrays, possibly traced) are closed over and get
+    no gradient, as in torch.
+    """
+    atol, rtol = (None if t is None else lax.stop_gradient(jnp.asarray(t, to_real(a.dtype))) for t in (atol, rtol))
 
-def _tol_arg(x):
-    if x is None:
-        return None
-    return lax.stop_gradient(jnp.asarray(x, jnp.float32))
-
-
-def _pinv_arr(a, atol, rtol, hermitian):
     @jax.custom_jvp
-    def f(a):
-        return _pinv_forward(a, atol, rtol, hermitian)
+    def pinv(x):
+        return _pinv_forward(x, atol, rtol, hermitian)
 
-    @f.defjvp
-    def f_jvp(primals, tangents):
+    @pinv.defjvp
+    def pinv_jvp(primals, tangents):
         (x,), (dx,) = primals, tangents
-        p = f(x)
+        p = pinv(x)
         m, n = x.shape[-2:]
         dxh = _mH(dx)
         dp = (-jnp.matmul(jnp.matmul(p, dx), p)
@@ -486,7 +476,16 @@ def _pinv_arr(a, atol, rtol, hermitian):
               + jnp.matmul(_eye_like(x, n) - jnp.matmul(p, x), jnp.matmul(dxh, jnp.matmul(_mH(p), p))))
         return p, dp
 
-    return f(a)
+    return pinv(a)
+
+
+@register(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
+    """Moore-Penrose pseudo-inverse; singular values below `max(atol, rtol * s_max)` are dropped.
+
+    Example: `linalg_pinv(jnp.eye(2) * 2)` is `jnp.eye(2) / 2`.
+    """
+    return _pinv_tol(a, atol, rtol, hermitian)
 
 
 @register(aten.linalg_lstsq.default)
