@@ -26,6 +26,7 @@ import torch
 from jax import lax
 
 from ..bridge.random import next_key
+from .nn import keep_whole
 from .registry import register
 
 aten = torch.ops.aten
@@ -104,22 +105,4 @@ def _scaled_dot_product_flash_attention_for_cpu(query, k, v, dropout_p=0.0, is_c
     return out, jax.nn.logsumexp(scores, axis=-1)
 
 
-# ---- keep the op whole on the jax device (see the module docstring) ---------------------------
-def _sdpa_below_autograd(*args, **kwargs):  # never runs: JaxTensor's Python key takes the call first
-    raise RuntimeError("jaxtorch: scaled_dot_product_attention reached the jax backend kernel without a JaxTensor")
-
-
-def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-                   enable_gqa=False):
-    if torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask)):
-        return aten._scaled_dot_product_attention_math.default(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
-    with torch._C._AutoDispatchBelowAutograd():
-        return aten.scaled_dot_product_attention.default(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-
-
-_lib = torch.library.Library("aten", "IMPL")
-_lib.impl("scaled_dot_product_attention", _sdpa_below_autograd, "PrivateUse1")
-_lib.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
+keep_whole(aten.scaled_dot_product_attention.default)  # see the module docstring

@@ -175,7 +175,7 @@ def test_batchnorm_running_stats_through_extract():
 def test_softmax_half_computes_in_float32():
     x = (torch.randn(4, 50) * 8).to(torch.bfloat16)
     for fn in (lambda x: F.softmax(x, -1), lambda x: F.log_softmax(x, -1),
-               lambda x: torch.ops.aten._softmax(x, -1, True)):
+               lambda x: F.softmax(x, -1, dtype=torch.float32)):
         ref = fn(x).float()
         got = np.asarray(jaxtorch.call_torch(fn, jnp.asarray(x.float().numpy()).astype(jnp.bfloat16)).astype(jnp.float32))
         np.testing.assert_allclose(got, ref.numpy(), rtol=1e-2, atol=1e-2)
@@ -389,3 +389,17 @@ def test_cnn_train_mode_dropout_under_jit_needs_and_uses_rng():
     a = jax.jit(fn)(params, x, rng=jax.random.key(0))
     b = jax.jit(fn)(params, x, rng=jax.random.key(1))
     assert a.shape == (2, 10) and not np.allclose(a, b)
+
+
+def test_rms_norm_kept_whole_and_differentiable_on_device():
+    x, w = torch.randn(3, 5, 8), torch.randn(8)
+    for eps in (None, 1e-3):
+        _both(lambda x, w: F.rms_norm(x, (8,), w, eps), x, w)
+    _grad_check(lambda x, w: F.rms_norm(x, (8,), w), x, w)
+    xc = x.clone().requires_grad_()
+    F.rms_norm(xc, (8,), w).sum().backward()
+    with jaxtorch.default_env():
+        xj = x.to("jax").requires_grad_()
+        F.rms_norm(xj, (8,), w.to("jax")).sum().backward()
+        g = xj.grad.cpu()
+    np.testing.assert_allclose(g.numpy(), xc.grad.numpy(), rtol=1e-5, atol=1e-5)
