@@ -57,7 +57,7 @@ def _common_sharding(params: dict):
             return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
         if sharding is not None:
             return next(iter(sharding.device_set))
-    return jax.devices()[0]
+    return jax.local_devices()[0]
 
 
 def _place_like(opt_state, train: dict):
@@ -139,7 +139,7 @@ def make_train_step(
 
     def init(params: dict | None = None) -> TrainState:
         if params is None:  # committed copies: jit outputs are committed, so later steps hit the same cache
-            device = jax.devices()[0]
+            device = jax.local_devices()[0]
             params = {k: jax.device_put(jnp.array(v, copy=True), device) for k, v in params0.items()}
         train, _ = split(params)
         opt_state = _place_like(jax.jit(optimizer.init)(train), train)

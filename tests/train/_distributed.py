@@ -40,8 +40,17 @@ def main(argv):
         lo, hi = 8 * jax.process_index(), 8 * (jax.process_index() + 1)  # this process's rows
         batches = [shard_batch((x[lo:hi], y[lo:hi]), mesh) for x, y in batches]
         assert batches[0][0].shape == (16, 8) and not batches[0][0].is_fully_addressable
+    run = step
+    if mode == "multi":
+        # Compile ahead, then meet at a coordination-service barrier: the first collective then
+        # starts in both processes together (Gloo gives up on a peer after 30 s, and tracing
+        # plus compiling can take longer than that on a loaded machine).
+        run = step.lower(state, *batches[0], None).compile()
+        from jax._src import distributed
+
+        distributed.global_state.client.wait_at_barrier("jaxtorch_train_compiled", 600_000)
     for x, y in batches:
-        state, loss = step(state, x, y)
+        state, loss = run(state, x, y, None)
     host = {k: np.asarray(v.addressable_data(0)) for k, v in state.params.items()}  # replicated
     np.savez(out, loss=np.asarray(loss.addressable_data(0)), **host)
     if mode == "multi":
