@@ -324,16 +324,19 @@ def masked_scatter(a, mask, source):
     return jnp.where(mask, vals.reshape(shape), a)
 
 
-@register(aten.masked_select.default, data_dependent=True)
+# Not flagged `data_dependent`: the length depends only on the mask (or input) values, so these
+# run whenever those are concrete (under `jax.grad`, or built from constants inside `jax.jit`);
+# a traced mask makes `jnp.nonzero` raise, which the interpreter reports as `DataDependentError`.
+@register(aten.masked_select.default)
 def masked_select(a, mask):
-    """`x.masked_select(mask)`: 1-d, data-dependent length."""
+    """`x.masked_select(mask)`: 1-d, its length the number of True elements."""
     shape = jnp.broadcast_shapes(a.shape, mask.shape)
-    return jnp.broadcast_to(a, shape)[jnp.broadcast_to(mask.astype(bool), shape)]
+    return jnp.broadcast_to(a, shape)[jnp.nonzero(jnp.broadcast_to(mask.astype(bool), shape))]
 
 
-@register(aten.nonzero.default, data_dependent=True)
+@register(aten.nonzero.default)
 def nonzero(a):
-    """`x.nonzero()`: an (n, ndim) tensor of indices; data-dependent n."""
+    """`x.nonzero()`: an (n, ndim) tensor of indices; n depends on the values."""
     return jnp.argwhere(a).astype(canonical_int())
 
 
