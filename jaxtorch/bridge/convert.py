@@ -29,6 +29,7 @@ import torch
 
 from . import pytrees  # noqa: F401  (registers torch containers with jax.tree_util)
 from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
+from .errors import Float64Error
 from .tensor import JaxTensor
 
 
@@ -89,7 +90,9 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None) -> jax.Arra
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    target = to_jax_dtype(t.dtype)  # raises a clear error for float64 without x64
+    if t.dtype in (torch.float64, torch.complex128) and t.numel() > 1 and not x64_enabled():
+        raise Float64Error(t.dtype)  # user data: never narrowed silently
+    target = to_jax_dtype(t.dtype)
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():

@@ -50,6 +50,19 @@ class _JaxDeviceModule:
 
     manual_seed = manual_seed_all
 
+    @staticmethod
+    def get_rng_state(device=None) -> torch.Tensor:
+        """The eager generator's state as a uint8 tensor (for `torch.random.fork_rng`)."""
+        from . import random as _random
+
+        return _random.get_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device=None) -> None:
+        from . import random as _random
+
+        _random.set_state(state)
+
 
 def _load_cpp_guard() -> bool:
     """Register the C++ device guard (compiled once, cached by torch's cpp_extension)."""

@@ -2,8 +2,11 @@
 
 With JAX's 64-bit mode off (its default), JAX stores 64-bit integers as 32-bit ones:
 `torch.int64` tensors are held as `int32` arrays and reported to torch as `torch.int64`,
-so torch code that expects `long` indices keeps working. `float64` and `complex128` are
-refused with an error that says how to turn 64-bit mode on, never silently narrowed.
+so torch code that expects `long` indices keeps working. float64 *data* (a CPU float64
+tensor with more than one element entering JAX) is refused with an error that says how
+to turn 64-bit mode on; a float64 *dtype* inside torch code (torch's own internals build
+float64 scalars, e.g. `pinv`'s tolerances) computes in float32, as JAX itself does, with a
+one-time warning.
 
 Example:
     ```python
@@ -15,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +49,8 @@ _TORCH_TO_NP: dict[torch.dtype, np.dtype] = {
 }
 _NP_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_NP.items()}
 
-_NARROW = {np.dtype("int64"): np.dtype("int32"), np.dtype("uint64"): np.dtype("uint32")}
+_NARROW = {np.dtype("int64"): np.dtype("int32"), np.dtype("uint64"): np.dtype("uint32"),
+           np.dtype("float64"): np.dtype("float32"), np.dtype("complex128"): np.dtype("complex64")}
 _WIDE_FLOAT = (np.dtype("float64"), np.dtype("complex128"))
 
 
@@ -62,16 +67,13 @@ def _to_jax_dtype(dtype: torch.dtype, x64: bool) -> np.dtype:
         raise TypeError(f"jaxtorch: torch dtype {dtype} has no JAX equivalent.") from None
     if not x64:
         if np_dtype in _WIDE_FLOAT:
-            raise Float64Error(dtype)
+            warnings.warn(str(Float64Error(dtype)) + " Computing in the 32-bit type meanwhile.", stacklevel=3)
         np_dtype = _NARROW.get(np_dtype, np_dtype)
     return np_dtype
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
-    """The NumPy/JAX dtype that stores a torch tensor of `dtype`.
-
-    Raises `Float64Error` for float64/complex128 while JAX's 64-bit mode is off.
-    """
+    """The NumPy/JAX dtype that stores a torch tensor of `dtype` (32-bit without x64)."""
     return _to_jax_dtype(dtype, x64_enabled())
 
 

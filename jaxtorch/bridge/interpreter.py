@@ -36,7 +36,7 @@ from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
 from .errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
 from .random import next_key
-from .tensor import JaxTensor, make_view, write
+from .tensor import JaxTensor, make_view, rebind, write
 
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer
@@ -246,17 +246,9 @@ def _make_mutating_runner(func, compute: Callable, mutated):
                 raise DeviceMismatchError(func, t.device)
             value = r.elem if isinstance(r, JaxTensor) else r
             if tuple(value.shape) != tuple(t.shape):
-                if isinstance(r, JaxTensor) and func._schema.name.endswith("_"):
-                    raise RuntimeError(
-                        f"jaxtorch: in-place `{func.name()}` would change the shape of its target from "
-                        f"{tuple(t.shape)} to {tuple(value.shape)}; use the out-of-place op instead."
-                    )
-                if t.numel() != 0 or True:
-                    raise RuntimeError(
-                        f"jaxtorch: `{func.name()}` writes a result of shape {tuple(value.shape)} into an "
-                        f"`out=` tensor of shape {tuple(t.shape)}; jax-backed tensors cannot be resized, "
-                        "so pass an `out` of the result's shape or use the functional form."
-                    )
+                # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
+                rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
+                continue
             write(t, value)
         if len(targets) == 1:
             return targets[0]

@@ -35,6 +35,30 @@ def manual_seed(seed: int) -> None:
         _global["key"] = None
 
 
+def get_state():
+    """The eager generator's state (seed and key data) as a uint8 torch tensor."""
+    import numpy as np
+    import torch
+
+    with _lock:
+        key = _global["key"]
+        data = np.asarray(jax.random.key_data(key)) if key is not None else np.zeros(2, np.uint32)
+        seed = np.array([_global["seed"], key is not None], dtype=np.int64)
+    return torch.from_numpy(np.concatenate([seed.view(np.uint8), data.astype(np.uint32).view(np.uint8)]).copy())
+
+
+def set_state(state) -> None:
+    """Restore a state from `get_state`."""
+    import numpy as np
+
+    raw = np.asarray(state.cpu().numpy() if hasattr(state, "cpu") else state, dtype=np.uint8)
+    seed, has_key = raw[:16].view(np.int64)
+    data = raw[16:].view(np.uint32)
+    with _lock:
+        _global["seed"] = int(seed)
+        _global["key"] = jax.random.wrap_key_data(data) if has_key else None
+
+
 def _eager_key() -> jax.Array:
     with _lock:
         key = _global["key"]

@@ -31,6 +31,9 @@ from .device import JAX_DEVICE
 from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
 
 
+# Wrapper tensors own no memory; a large virtual storage size (never allocated) lets
+# `rebind` change their shape in place with `as_strided_`.
+_VIRTUAL_STORAGE = 1 << 40
 _TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the current x64 mode
 _X64 = [x64_enabled()]
 
@@ -52,7 +55,7 @@ class JaxTensor(torch.Tensor):
                 _TORCH_DTYPE.clear()
                 dtype = _TORCH_DTYPE[elem.dtype] = to_torch_dtype(elem.dtype)
         r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
-                                                requires_grad=requires_grad)
+                                                requires_grad=requires_grad, storage_size=_VIRTUAL_STORAGE)
         r._jt_elem = elem
         r._jt_base = None
         r._jt_view_fn = None
@@ -233,3 +236,34 @@ def scatter_view(root, view_fn: Callable, value):
         )
     flat = root.reshape(-1).at[idx.reshape(-1)].set(value.reshape(-1).astype(root.dtype))
     return flat.reshape(root.shape)
+
+
+_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.PythonTLSSnapshot
+)
+
+
+def rebind(t: JaxTensor, src: JaxTensor) -> None:
+    """Give `t` the shape and data of `src` in place (`squeeze_`, `t_`, resizing an `out=`).
+
+    torch's own metadata is updated with `as_strided_` below the Python dispatch key; if
+    `src` is a view of another root, `t` becomes that view.
+    """
+    shape = tuple(src.shape)
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
+        torch.ops.aten.as_strided_.default(t, list(shape), list(reversed(strides)), 0)
+    root = src._jt_base
+    if root is None or root is t:
+        t._jt_elem = src.elem
+        t._jt_base = None
+        t._jt_view_fn = None
+        t._jt_version += 1
+    else:
+        t._jt_base = root
+        t._jt_view_fn = src._jt_view_fn
+        t._jt_elem = src.elem
+        t._jt_version = root._jt_version

@@ -1397,3 +1397,15 @@ for _op, _f in {
     aten.special_airy_ai.default: _airy_ai,
 }.items():
     register(_op)(_make_unary(_f))
+
+
+@register(aten._conj.default, aten.conj_physical.default, aten._conj_physical.default)
+def conj(a):
+    """Conjugation materialized (jax arrays carry no lazy conj bit); identity for real dtypes."""
+    return jnp.conj(a) if jnp.iscomplexobj(a) else a
+
+
+@register(aten.resolve_conj.default, aten.resolve_neg.default)
+def resolve_bits(a):
+    """No lazy conj/neg bits exist on jax arrays, so there is nothing to resolve."""
+    return a

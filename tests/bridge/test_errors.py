@@ -52,7 +52,11 @@ def test_cpu_tensor_is_moved_inside_call_torch():
 def test_float64_with_x64_off_says_how_to_fix():
     with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
         with jaxtorch.default_env():
-            torch.zeros(3, dtype=torch.float64, device="jax")
+            torch.zeros(3, dtype=torch.float64).to("jax")  # float64 data is never narrowed silently
+    with pytest.warns(UserWarning, match="jax_enable_x64"):  # a float64 dtype inside torch code warns
+        with jaxtorch.default_env():
+            t = torch.zeros(3, dtype=torch.float64, device="jax")
+    assert t.dtype == torch.float32
 
 
 def test_random_under_jit_without_key_is_an_error():
