@@ -13,6 +13,9 @@ PyTorch-first (the two-line change):
     m = MyModel().to("jax"); y = m(torch.randn(3, 8, device="jax"))
     y.jax(); y.cpu()
     ```
+Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `JaxModule` (JAX modules
+as torch modules), and the submodules `train` (optax steps, sharding, checkpoints),
+`coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
 """
 
 from .bridge.api import TorchModule, call_torch, extract, torch_module_to_jax
@@ -26,6 +29,8 @@ from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error
 from .bridge.random import manual_seed
 from .bridge.tensor import JaxTensor
 from .ops.registry import register_op
+from .train import load_checkpoint, load_into, save_checkpoint
+from . import coverage, train, xla  # noqa: E402  (submodules: jaxtorch.train.make_train_step, ...)
 
 __version__ = "0.1.0"
 
@@ -45,8 +50,11 @@ __all__ = [
     "extract",
     "jax_function_to_torch",
     "jax_view",
+    "load_checkpoint",
+    "load_into",
     "manual_seed",
     "register_op",
+    "save_checkpoint",
     "to_jax",
     "to_torch",
     "torch_module_to_jax",
