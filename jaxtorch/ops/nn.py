@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
@@ -1244,3 +1245,52 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, paddi
     gi, gg = _vjp(lambda x, g: grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners),
                   (input, grid), grad_output)
     return (gi if output_mask[0] else None, gg)
+
+
+# ---- unpooling, bilinear ----------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _scatter_rows(values, indices, width):
+    rows = values.shape[0]
+    return jnp.zeros((rows, width), values.dtype).at[jnp.arange(rows)[:, None], indices].set(values)
+
+
+def _scatter_rows_fwd(values, indices, width):
+    return _scatter_rows(values, indices, width), indices
+
+
+def _scatter_rows_bwd(width, indices, g):  # torch's backward: every input reads its index's gradient
+    return jnp.take_along_axis(g, indices, axis=1), None
+
+
+_scatter_rows.defvjp(_scatter_rows_fwd, _scatter_rows_bwd)
+
+
+def _max_unpool(self, indices, output_size):
+    n = len(output_size)
+    lead = self.shape[: self.ndim - n]
+    rows = math.prod(lead)
+    out = _scatter_rows(self.reshape(rows, -1), indices.reshape(rows, -1).astype(jnp.int32), math.prod(output_size))
+    return out.reshape(tuple(lead) + tuple(output_size))
+
+
+@register(aten.max_unpool2d.default)
+def max_unpool2d(self, indices, output_size):
+    """Scatter each value to the flat spatial position its index names (zeros elsewhere)."""
+    return _max_unpool(self, indices, tuple(output_size))
+
+
+@register(aten.max_unpool3d.default)
+def max_unpool3d(self, indices, output_size, stride, padding):
+    return _max_unpool(self, indices, tuple(output_size))
+
+
+@register(aten._trilinear.default)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """`F.bilinear`'s kernel: broadcast the three inputs at the given dims, multiply, sum `sumdim`."""
+    def expand(a, dims):
+        for d in sorted(dims):
+            a = jnp.expand_dims(a, d)
+        return a
+
+    prod = expand(i1, expand1) * expand(i2, expand2) * expand(i3, expand3)
+    return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod

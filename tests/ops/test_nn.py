@@ -403,3 +403,14 @@ def test_rms_norm_kept_whole_and_differentiable_on_device():
         F.rms_norm(xj, (8,), w.to("jax")).sum().backward()
         g = xj.grad.cpu()
     np.testing.assert_allclose(g.numpy(), xc.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_max_unpool_and_bilinear():
+    x = torch.randn(2, 3, 8, 8)
+    vals, idx = F.max_pool2d(x, 2, return_indices=True)
+    fn = lambda v: F.max_unpool2d(v, idx, 2, output_size=(8, 8))  # noqa: E731
+    _both(fn, vals)
+    _grad_check(fn, vals)
+    a, b, w, bias = torch.randn(4, 3), torch.randn(4, 5), torch.randn(2, 3, 5), torch.randn(2)
+    _both(F.bilinear, a, b, w, bias)
+    _grad_check(F.bilinear, a, b, w, bias)
