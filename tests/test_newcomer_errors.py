@@ -227,8 +227,11 @@ def test_float64_dtype_inside_torch_code_warns_with_the_same_advice():
     from jaxtorch.bridge import dtypes
 
     dtypes._to_jax_dtype.cache_clear()  # the warning is once per process
-    with pytest.warns(UserWarning, match=r"jax_enable_x64.*Computing in the 32-bit type meanwhile"):
-        out = jaxtorch.call_torch(lambda t: t.double() * 2, jnp.ones(3))
+    try:
+        with pytest.warns(UserWarning, match=r"jax_enable_x64.*Computing in the 32-bit type meanwhile"):
+            out = jaxtorch.call_torch(lambda t: t.double() * 2, jnp.ones(3))
+    finally:
+        dtypes._to_jax_dtype.cache_clear()  # leave it unwarned for whoever comes next
     assert out.dtype == jnp.float32 and out.tolist() == [2.0, 2.0, 2.0]
 
 
