@@ -391,6 +391,22 @@ def _lift_fresh(args, kwargs):
     return JaxTensor(tensor_to_jax(x))
 
 
+def _resized(a, size):
+    """The leading elements of `a` in the new shape, new ones zero (torch: uninitialized)."""
+    import jax.numpy as jnp
+
+    flat = a.reshape(-1)
+    n = int(np.prod(size)) if size else 1
+    flat = flat[:n] if flat.shape[0] >= n else jnp.concatenate([flat, jnp.zeros(n - flat.shape[0], flat.dtype)])
+    return flat.reshape(size)
+
+
+def _resize_(args, kwargs):
+    t = args[0]
+    rebind(t, JaxTensor(_resized(t.elem, tuple(args[1]))))
+    return t
+
+
 def _alias_runner(args, kwargs):
     x = args[0]
     return make_view(x, x.elem, None)
@@ -403,6 +419,8 @@ _SPECIAL: dict[Any, Callable] = {
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: lambda a, k: _to_copy(a, {}),
     aten.detach.default: _alias_runner,
+    aten.resize_.default: _resize_,
+    aten.resize.default: lambda a, k: JaxTensor(_resized(a[0].elem, tuple(a[1]))),
     aten.alias.default: _alias_runner,
 }
 
