@@ -30,7 +30,8 @@ from jaxtorch.train import make_train_step
 
 def build(vocab: int, seq: int) -> torch.nn.Module:
     config = transformers.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=4, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=vocab - 1, eos_token_id=vocab - 1)
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config).train()
 
