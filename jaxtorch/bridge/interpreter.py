@@ -451,8 +451,18 @@ class JaxDispatchMode(TorchDispatchMode):
         if func is _LIFT_FRESH:
             return _lift_fresh(args, kwargs)
         if _is_factory(func, args, kwargs):
-            return dispatch(func, args, kwargs)
+            return _place(dispatch(func, args, kwargs), kwargs.get("device"))
         return func(*args, **kwargs)
+
+
+def _place(out, device):
+    """Put a factory's result on `jax.devices()[N]` for `device="jax:N"`."""
+    if device is None or not isinstance(out, JaxTensor) or out._jt_base is not None:
+        return out
+    target = jax_device_of(device)
+    if target is not None and not isinstance(out._jt_elem, _Tracer):
+        out._jt_elem = jax.device_put(out._jt_elem, target)
+    return out
 
 
 _LIFT_FRESH = aten.lift_fresh.default

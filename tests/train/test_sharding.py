@@ -30,8 +30,6 @@ def test_on_eight_devices(check):
     run_check(check)
 
 
-@pytest.mark.xfail(strict=True, reason="bridge: factories ignore the index of device='jax:N' (data lands on "
-                   "jax.devices()[0]); `.to('jax:N')` works. Reported to the lead.")
 def test_factories_honour_device_index():
     run_check("factory_placement")
 
