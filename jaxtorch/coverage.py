@@ -38,7 +38,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from tqdm.auto import tqdm
+import warnings
+
+with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is missing; it falls back fine
+    warnings.simplefilter("ignore")
+    from tqdm.auto import tqdm
 
 from .bridge import interpreter as _interp
 from .bridge.dtypes import to_torch_dtype

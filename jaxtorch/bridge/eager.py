@@ -52,7 +52,7 @@ _SLOT = _Slot()
 
 def _split(x, dyn: list):
     """(hashable key part, skeleton) for one argument; arrays are appended to `dyn`."""
-    if isinstance(x, _Array):
+    if isinstance(x, _Array) or type(x) is float:  # floats are traced: new values reuse the compile
         dyn.append(x)
         return _SLOT, _SLOT
     if isinstance(x, (list, tuple)):

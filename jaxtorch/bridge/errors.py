@@ -34,7 +34,7 @@ class DataDependentError(JaxtorchError):
         msg = (
             f"`{name}` produces a shape or Python value that depends on the data, so it cannot be "
             "traced by jax.jit/grad/vmap (the values are abstract tracers there). "
-            + (hint + " " if hint else "")
+            + (hint.rstrip(". ") + ". " if hint else "")
             + "Run it eagerly (outside jax.jit), or rewrite it with a static shape: "
             "`torch.where(mask, x, 0)` instead of `x[mask]`, `nonzero(size=...)`-style padding, "
             "or tensor ops instead of `.item()` in Python control flow."
@@ -50,9 +50,9 @@ class DeviceMismatchError(JaxtorchError):
         name = getattr(op, "name", lambda: str(op))()
         super().__init__(
             f"Expected all tensors to be on the same device, but `{name}` got tensors on jax:0 and "
-            f"{other_device}. Move the CPU tensor with `t.to('jax')` (or register it as a module "
-            "buffer so `.to('jax')` moves it); inside `jaxtorch.call_torch`/`extract` CPU tensors "
-            "are converted automatically."
+            f"{other_device}. Move the CPU tensor with `t.to('jax')`, create tensors in `forward` with "
+            "`device=x.device`, or register it as a module buffer so `model.to('jax')` moves it; inside "
+            "`jaxtorch.call_torch`/`extract` CPU tensors are converted automatically."
         )
 
 
@@ -75,6 +75,8 @@ class MissingKeyError(JaxtorchError):
         super().__init__(
             f"`{name}` draws random numbers under jax tracing, but no PRNG key was given, and "
             "baking one key into the compiled function would repeat the same randomness every call. "
-            "Pass a key: `fn(params, *args, rng=jax.random.key(step))` for `extract`, or "
-            "`jaxtorch.call_torch(f, *args, rng=key)`; or call `model.eval()` to turn dropout off."
+            "Pass a key: `fn(params, *args, rng=jax.random.key(step))` for `extract`, "
+            "`step(state, x, y, rng=key)` for `jaxtorch.train.make_train_step`, `fast(x, rng=key)` for "
+            "`jaxtorch.compile`, or `jaxtorch.call_torch(f, *args, rng=key)`; or call `model.eval()` to turn "
+            "dropout off."
         )

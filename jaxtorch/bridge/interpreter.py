@@ -191,6 +191,9 @@ def _make_functional_runner(func, lowering):
                         break
                     dyn.append(e)
                     sig.append(None)
+                elif t is float:  # traced (weakly typed): a new value needs no new compile
+                    dyn.append(a)
+                    sig.append(None)
                 elif t in _SCALARS:
                     sig.append((t, a))
                 else:
@@ -273,6 +276,34 @@ def _decomposition(func):
     return None
 
 
+def _foreach_runner(func) -> Callable | None:
+    """`_foreach_add_.List(xs, ys)` and friends: the per-tensor op over the lists."""
+    name = func._schema.name.split("::")[1]
+    packet = getattr(aten, name[len("_foreach_"):], None)
+    if packet is None:
+        return None
+    inplace = name.endswith("_")
+    # foreach schemas pass some arguments positionally that the per-tensor op takes by
+    # keyword (`_foreach_addcmul_(self, t1, t2, value)` vs `addcmul_(self, t1, t2, *, value)`)
+    schemas = [getattr(packet, o)._schema for o in packet.overloads()]
+    widest = max(schemas, key=lambda sc: len([a for a in sc.arguments if not a.kwarg_only]))
+    n_pos = len([a for a in widest.arguments if not a.kwarg_only])
+    kw_names = [a.name for a in widest.arguments if a.kwarg_only]
+
+    def run(args, kwargs):
+        lists = [i for i, a in enumerate(args) if isinstance(a, (list, tuple))]
+        n = len(args[lists[0]]) if lists else 0
+        extra = dict(zip(kw_names, args[n_pos:]))
+        outs = []
+        for j in range(n):
+            per = [a[j] if i in lists else a for i, a in enumerate(args)]
+            kw = {k: (v[j] if isinstance(v, (list, tuple)) else v) for k, v in extra.items()}
+            outs.append(packet(*per[:n_pos], **kw, **kwargs))
+        return None if inplace else outs
+
+    return run
+
+
 def _build_runner(func) -> Callable:
     special = _SPECIAL.get(func)  # ops the bridge owns (device moves, copies, aliasing) come first
     if special is not None:
@@ -303,6 +334,10 @@ def _build_runner(func) -> Callable:
     decomp = _decomposition(func)
     if decomp is not None:
         return _make_decomp_runner(func, decomp)
+    if func._schema.name.startswith("aten::_foreach_"):
+        runner = _foreach_runner(func)
+        if runner is not None:
+            return runner
     if mutated:
         sibling = _functional_sibling(func)
         if sibling is not None and (_decomposition(sibling) is not None):

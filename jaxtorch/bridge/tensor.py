@@ -130,16 +130,24 @@ class JaxTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents=None) -> str:
         elem = self.elem
-        sharding = getattr(elem, "sharding", None)
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        if isinstance(elem, jax.core.Tracer):
+        traced = isinstance(elem, jax.core.Tracer)
+        if self.grad_fn is not None:
+            grad = f", grad_fn=<{type(self.grad_fn).__name__}>"
+        else:
+            grad = ", requires_grad=True" if self.requires_grad else ""
+        if traced:
             body = f"<traced {elem.aval.str_short()}>"
         else:
             body = np.array2string(np.asarray(elem), separator=", ", prefix="tensor(", threshold=64)
+        shape = f", shape={tuple(self.shape)}" if traced or elem.size > 64 else ""
         shard = ""
-        if sharding is not None and not isinstance(elem, jax.core.Tracer) and len(sharding.device_set) > 1:
-            shard = f", sharding={sharding}"
-        return f"tensor({body}, device='jax', dtype={self.dtype}{shard}{grad})"
+        sharding = None if traced else getattr(elem, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1:
+            spec = getattr(sharding, "spec", None)
+            mesh = getattr(sharding, "mesh", None)
+            where = f" on mesh({', '.join(f'{k}={v}' for k, v in mesh.shape.items())})" if mesh is not None else ""
+            shard = f", sharding={spec if spec is not None else sharding}{where}"
+        return f"tensor({body}{shape}, device='{self.device}', dtype={self.dtype}{shard}{grad})"
 
     __str__ = __repr__
 

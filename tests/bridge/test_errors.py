@@ -53,6 +53,9 @@ def test_float64_with_x64_off_says_how_to_fix():
     with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
         with jaxtorch.default_env():
             torch.zeros(3, dtype=torch.float64).to("jax")  # float64 data is never narrowed silently
+    from jaxtorch.bridge import dtypes
+
+    dtypes._to_jax_dtype.cache_clear()  # the warning is once per process
     with pytest.warns(UserWarning, match="jax_enable_x64"):  # a float64 dtype inside torch code warns
         with jaxtorch.default_env():
             t = torch.zeros(3, dtype=torch.float64, device="jax")

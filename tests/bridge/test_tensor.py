@@ -135,7 +135,7 @@ def test_apply_jax(env):
 
 def test_repr_shows_device_and_dtype(env):
     r = repr(torch.ones(2, device="jax"))
-    assert "device='jax'" in r and "float32" in r
+    assert "device='jax:0'" in r and "float32" in r
 
 
 def test_disable_globally_turns_modes_off():
