@@ -30,7 +30,10 @@ _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 20000
 _cache: dict[Any, Callable | None] = {}
 _lock = threading.Lock()
+from .errors import MissingKeyError  # noqa: E402
+
 _NOT_JITTABLE = (
+    MissingKeyError,  # a lowering that draws a key only for some arguments (sdpa with dropout)
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerIntegerConversionError,

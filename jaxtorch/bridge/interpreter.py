@@ -124,10 +124,16 @@ def _functional_sibling(func):
     ns = getattr(torch.ops, schema.name.split("::")[0])
     if name.endswith("_") and not name.endswith("__"):
         packet = getattr(ns, name[:-1], None)
-        if packet is not None:
-            overload = schema.overload_name or "default"
-            if overload in packet.overloads():
-                return getattr(packet, overload)
+        if packet is None:
+            return None
+        overload = schema.overload_name or "default"
+        if overload in packet.overloads():
+            return getattr(packet, overload)
+        names = [a.name for a in schema.arguments]  # e.g. transpose_.default ~ transpose.int
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            if [a.name for a in cand._schema.arguments] == names:
+                return cand
         return None
     wanted = [a.name for a in schema.arguments if a.name not in mutated]
     packet = func.overloadpacket

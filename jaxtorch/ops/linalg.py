@@ -756,3 +756,38 @@ def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
     if ld.shape[-1] == 0:
         return b
     return _batched(_ldl_solve_one, ld, pivots, b)
+
+
+# ---- pairwise distances -----------------------------------------------------------------------
+def _safe_root(s, p):
+    """`s ** (1/p)` with a zero gradient where `s == 0` (torch's cdist backward)."""
+    pos = s > 0
+    return jnp.where(pos, jnp.where(pos, s, 1.0) ** (1.0 / p), 0.0)
+
+
+def _pnorm_dist(diff, p):
+    ad = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum(ad != 0, axis=-1).astype(diff.dtype)
+    if p == float("inf"):
+        return jnp.max(ad, axis=-1)
+    if p == 1:
+        return jnp.sum(ad, axis=-1)
+    return _safe_root(jnp.sum(ad**p, axis=-1), p)
+
+
+@register(aten._cdist_forward.default)
+def cdist(x1, x2, p, compute_mode=None):
+    """`torch.cdist`: distances between the rows of `x1` (..., P, M) and `x2` (..., R, M)."""
+    if x1.shape[-2] == 0 or x2.shape[-2] == 0 or x1.shape[-1] == 0:
+        batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+        return jnp.zeros(batch + (x1.shape[-2], x2.shape[-2]), x1.dtype)
+    return _pnorm_dist(x1[..., :, None, :] - x2[..., None, :, :], p)
+
+
+@register(aten._pdist_forward.default)
+def pdist(x, p=2.0):
+    """`torch.pdist`: the upper triangle (row-major) of the distances between rows of `x`."""
+    n = x.shape[0]
+    i, j = np.triu_indices(n, k=1)
+    return _pnorm_dist(x[i] - x[j], p)

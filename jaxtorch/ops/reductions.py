@@ -683,3 +683,16 @@ def bincount(a, weights=None, minlength=0):
         return jnp.zeros((length,), canonical_int()).at[a].add(1)
     wdt = weights.dtype if category(weights.dtype) >= _FLOAT else default_float()
     return jnp.zeros((length,), wdt).at[a].add(weights.astype(wdt))
+
+
+# ---- whole-tensor comparisons returning a Python bool (values decide: eager only) ----------
+@register(aten.equal.default, data_dependent=True)
+def equal(a, b):
+    """`torch.equal`: same shape and same values (a Python bool)."""
+    return a.shape == b.shape and bool(jnp.array_equal(a, b))
+
+
+@register(aten.allclose.default, data_dependent=True)
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """`torch.allclose` (a Python bool)."""
+    return bool(jnp.allclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
