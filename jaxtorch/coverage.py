@@ -83,6 +83,8 @@ def how(op: torch._ops.OpOverload) -> str:
         return DECOMPOSED
     if sib is not None and _interp._decomposition(sib) is not None:
         return DECOMPOSED
+    if op._schema.name.startswith("aten::_foreach_") and _interp._foreach_runner(op) is not None:
+        return DECOMPOSED  # runs the per-tensor op over the lists
     return MISSING
 
 

@@ -53,13 +53,18 @@ class _Slot:
 _SLOT = _Slot()
 
 
-def _split(x, dyn: list):
-    """(hashable key part, skeleton) for one argument; arrays are appended to `dyn`."""
-    if isinstance(x, _Array) or type(x) is float:  # floats are traced: new values reuse the compile
+def _split(x, dyn: list, floats: bool):
+    """(hashable key part, skeleton) for one argument; arrays are appended to `dyn`.
+
+    With `floats`, Python floats are traced too (weakly typed), so a new value (a learning
+    rate, a step size) reuses the compile; factories keep them static, since there the
+    scalar's type decides the result dtype.
+    """
+    if isinstance(x, _Array) or (floats and type(x) is float):
         dyn.append(x)
         return _SLOT, _SLOT
     if isinstance(x, (list, tuple)):
-        parts = [_split(y, dyn) for y in x]
+        parts = [_split(y, dyn, floats) for y in x]
         return (type(x), tuple(p[0] for p in parts)), type(x)(p[1] for p in parts)
     hash(x)
     return (type(x), x), x
@@ -78,9 +83,10 @@ def run(func, lowering: Callable, jargs: list, jkwargs: dict):
     if not _ENABLED:
         return lowering(*jargs, **jkwargs)
     dyn: list = []
+    floats = any(isinstance(a, _Array) for a in jargs)
     try:
-        key_a, skel_a = _split(jargs, dyn)
-        key_k, skel_k = _split(tuple(jkwargs.items()), dyn) if jkwargs else ((), ())
+        key_a, skel_a = _split(jargs, dyn, floats)
+        key_k, skel_k = _split(tuple(jkwargs.items()), dyn, floats) if jkwargs else ((), ())
     except TypeError:  # an unhashable static argument
         return lowering(*jargs, **jkwargs)
     key = (func, key_a, key_k)

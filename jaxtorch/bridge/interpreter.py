@@ -189,6 +189,7 @@ def _make_functional_runner(func, lowering):
         if plain and eager_on and not kwargs:
             dyn = []
             sig = []
+            tensors = 0
             for a in args:
                 t = type(a)
                 if t is JaxTensor:
@@ -197,6 +198,7 @@ def _make_functional_runner(func, lowering):
                         break
                     dyn.append(e)
                     sig.append(None)
+                    tensors += 1
                 elif t is float:  # traced (weakly typed): a new value needs no new compile
                     dyn.append(a)
                     sig.append(None)
@@ -205,6 +207,8 @@ def _make_functional_runner(func, lowering):
                 else:
                     break
             else:
+                if not tensors:  # a factory: float arguments decide the dtype, so they stay static
+                    return _wrap_out(call(args, kwargs)[0])
                 key = tuple(sig)
                 fn = jit_cache.get(key)
                 if fn is None:
