@@ -215,6 +215,11 @@ def write(t: JaxTensor, value) -> None:
         t._jt_elem = value
         t._jt_version += 1
         return
+    if root.dtype != t.dtype:
+        raise RuntimeError(
+            f"jaxtorch: this view reinterprets {root.dtype} data as {t.dtype}, so it cannot be written "
+            "through; write to a `.clone()` instead."
+        )
     fn = t._jt_view_fn
     if fn is _identity:
         new_root = value if value.shape == root._jt_elem.shape else None

@@ -87,8 +87,6 @@ def test_view_dtype_bitcast_matches_torch():
         jaxtorch.call_torch(lambda t: t.view(torch.int16).add_(1), _j(x))
 
 
-@pytest.mark.xfail(strict=True, reason="bridge: write() through a same-width dtype view (float32 -> int32) "
-                   "takes the bitcast of the position iota for an index map and stores converted values")
 def test_write_through_same_width_dtype_view_is_refused():
     x = torch.tensor([1.0, -2.0, 0.5, 3.0])
     with pytest.raises(RuntimeError, match="cannot be written through"):
