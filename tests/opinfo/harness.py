@@ -15,6 +15,8 @@ shapes agree and dtypes are of the same kind. An entry passes when all its sampl
 Command line (prints failures with reasons):
     python -m tests.opinfo.harness --mode eager --ops add,mul
     python -m tests.opinfo.harness --mode all --summary
+    python -m tests.opinfo.harness --mode all > run.log
+    python -m tests.opinfo.harness --expected-from-log run.log   # lines for expected_failures.txt
 """
 
 from __future__ import annotations
@@ -249,13 +251,37 @@ def run_entry(op, mode: str) -> tuple[bool | None, str]:
     return True, ""
 
 
+def _short(reason: str) -> str:
+    """One line, no jaxtorch boilerplate: the part of a failure message that says why."""
+    reason = reason.replace("jaxtorch has no JAX lowering for the op", "no lowering for")
+    reason = reason.split(". Register one")[0].split(" so it cannot be traced")[0]
+    return " ".join(reason.split())[:150]
+
+
+def expected_from_log(text: str) -> list[str]:
+    """`FAIL mode entry: reason` lines of a harness run -> expected-failures lines."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("FAIL "):
+            _, mode, rest = line.split(" ", 2)
+            entry, _, reason = rest.partition(": ")
+            lines.append(f"{mode} {entry}: {_short(reason)}")
+    return sorted(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default="eager", choices=MODES + ("all",))
     ap.add_argument("--ops", default="", help="comma-separated entry ids or prefixes (name or name.variant)")
     ap.add_argument("--summary", action="store_true", help="print only counts")
     ap.add_argument("--traceback", action="store_true")
+    ap.add_argument("--expected-from-log", metavar="LOG",
+                    help="print expected-failures lines from the output of a previous run, and exit")
     args = ap.parse_args(argv)
+    if args.expected_from_log:
+        with open(args.expected_from_log) as f:
+            print("\n".join(expected_from_log(f.read())))
+        return 0
     modes = MODES if args.mode == "all" else (args.mode,)
     wanted = [w for w in args.ops.split(",") if w]
     ops = [op for op in entries() if not wanted or any(entry_id(op) == w or entry_id(op).startswith(w + ".") or op.name == w for w in wanted)]
