@@ -83,6 +83,14 @@ class Compiled:
 
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        for x in leaves:
+            if isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
+                raise TypeError(
+                    f"jaxtorch.compile: a {type(x).__name__} passed as an argument would be baked into the "
+                    "program (and writes to it would leak traced values). Compile the module itself, "
+                    "`jaxtorch.compile(model)`, or close over it and pass only tensors; compiling a whole "
+                    "torch train step (backward + optimizer.step) is not supported yet."
+                )
         statics = tuple(_DYN if _is_tensor(x) else x for x in leaves)
         dyn = [x.elem if isinstance(x, JaxTensor) else tensor_to_jax(x) for x in leaves if _is_tensor(x)]
         key = (treedef, tuple(_freeze(s) for s in statics), self._module.training if self._module else None)
