@@ -314,6 +314,20 @@ def _foreach_runner(func) -> Callable | None:
     return run
 
 
+def _sibling_compute(func, sibling, mutated) -> Callable:
+    """The functional sibling's runner, called with an `out=` variant's out arguments dropped."""
+    inner = _runner(sibling)
+    if func._schema.name.endswith("_"):  # in-place: same arguments
+        return inner
+    names = {m[1] for m in mutated}
+    n_pos = len([a for a in sibling._schema.arguments if not a.kwarg_only])
+
+    def compute(args, kwargs):
+        return inner(args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
+
+    return compute
+
+
 def _build_runner(func) -> Callable:
     special = _SPECIAL.get(func)  # ops the bridge owns (device moves, copies, aliasing) come first
     if special is not None:
@@ -327,20 +341,9 @@ def _build_runner(func) -> Callable:
             return _make_mutating_runner(func, _make_functional_runner(func, lowering), mutated)
         return _make_functional_runner(func, lowering)
     mutated = _mutated_args(func)
-    if mutated:
-        sibling = _functional_sibling(func)
-        if sibling is not None and registry.lookup(sibling) is not None:
-            inner = _runner(sibling)
-            if func._schema.name.endswith("_"):
-                compute = inner
-            else:  # out= variant: drop the out arguments
-                names = {m[1] for m in mutated}
-                n_pos = len([a for a in sibling._schema.arguments if not a.kwarg_only])
-
-                def compute(args, kwargs, inner=inner, names=names, n_pos=n_pos):
-                    return inner(args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
-
-            return _make_mutating_runner(func, compute, mutated)
+    sibling = _functional_sibling(func) if mutated else None
+    if sibling is not None and registry.lookup(sibling) is not None:
+        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated), mutated)
     decomp = _decomposition(func)
     if decomp is not None:
         return _make_decomp_runner(func, decomp)
@@ -348,13 +351,8 @@ def _build_runner(func) -> Callable:
         runner = _foreach_runner(func)
         if runner is not None:
             return runner
-    if mutated:
-        sibling = _functional_sibling(func)
-        if sibling is not None and (_decomposition(sibling) is not None):
-            inner = _runner(sibling)
-            return _make_mutating_runner(func, inner if func._schema.name.endswith("_") else
-                                         (lambda a, k, inner=inner, m={x[1] for x in mutated}:
-                                          inner(a, {kk: vv for kk, vv in k.items() if kk not in m})), mutated)
+    if sibling is not None and _decomposition(sibling) is not None:
+        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated), mutated)
 
     def unsupported(args, kwargs):
         raise UnsupportedOpError(func)

@@ -16,44 +16,22 @@ import torch
 
 import jaxtorch
 
+from . import _compare
+
 NAN = float("nan")
 
 
-def _jax(t: torch.Tensor):
-    return jnp.asarray(t.numpy())
-
-
-def _run(fn, *tensors, jit=False):
-    call = lambda *arrays: jaxtorch.call_torch(fn, *arrays)  # noqa: E731
-    return (jax.jit(call) if jit else call)(*[_jax(t) for t in tensors])
+_jax = _compare.to_jax
+_run = _compare.run
 
 
 def _check(ref, got, tol=1e-4):
-    if isinstance(ref, (tuple, list)):
-        assert isinstance(got, (tuple, list)) and len(ref) == len(got)
-        for r, g in zip(ref, got):
-            _check(r, g, tol)
-        return
-    g = np.asarray(got)
-    r = ref.resolve_conj().numpy()
-    assert g.shape == r.shape, (g.shape, r.shape)
-    if r.dtype == np.bool_:
-        assert g.dtype == np.bool_
-        np.testing.assert_array_equal(g, r)
-    elif np.issubdtype(r.dtype, np.integer):
-        assert g.dtype.kind == r.dtype.kind, (g.dtype, r.dtype)
-        np.testing.assert_array_equal(g, r)
-    else:
-        assert g.dtype == r.dtype, (g.dtype, r.dtype)
-        np.testing.assert_allclose(g, r, rtol=tol, atol=tol, equal_nan=True)
+    _compare.compare(ref, got, tol)
 
 
 def check(fn, *tensors, jit=True, tol=1e-4):
     """`fn` on CPU torch == `fn` through jaxtorch, eagerly and (unless jit=False) under jax.jit."""
-    ref = fn(*tensors)
-    _check(ref, _run(fn, *tensors), tol)
-    if jit:
-        _check(ref, _run(fn, *tensors, jit=True), tol)
+    _compare.check(fn, *tensors, jit=jit, tol=tol)
 
 
 def check_grad(fn, x: torch.Tensor, tol=1e-3):
