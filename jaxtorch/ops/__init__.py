@@ -10,6 +10,7 @@
 | `random`        | rand/randn/bernoulli/dropout/multinomial (keys from the bridge) |
 | `linalg`        | mm/bmm/addmm/einsum, decompositions, solves                     |
 | `nn`            | conv, pooling, normalization, activations, losses, embedding    |
+| `resampling`    | upsample (interpolate), grid_sample                             |
 | `attention`     | scaled_dot_product_attention                                    |
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
 | `fft`           | torch.fft                                                       |
@@ -20,7 +21,7 @@ import importlib
 from . import registry  # noqa: F401
 
 for _family in ["elementwise", "reductions", "shape", "indexing", "creation", "random",
-                "linalg", "nn", "attention", "sorting", "fft", "prims"]:
+                "linalg", "nn", "resampling", "attention", "sorting", "fft", "prims"]:
     try:
         importlib.import_module(f"{__name__}.{_family}")
     except ModuleNotFoundError as e:  # a family not written yet

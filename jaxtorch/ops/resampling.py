@@ -1,0 +1,243 @@
+"""Resampling lowerings: upsampling (nearest, nearest-exact, linear, bilinear, bicubic,
+trilinear) and grid sampling (`F.interpolate`, `F.upsample`, `F.grid_sample`).
+
+Upsampling weights depend only on static shapes, so they are built with NumPy at trace time
+and applied as one small matmul per spatial axis; nearest modes are one static `take` per
+axis. Grid sampling gathers the taps from the flattened image. Backward ops, which torch
+autograd calls on the `jax` device, are the VJP of the forward lowering.
+
+Example:
+    ```python
+    import jax.numpy as jnp, torch, jaxtorch
+    x = jnp.arange(16.).reshape(1, 1, 4, 4)
+    y = jaxtorch.call_torch(torch.nn.functional.interpolate, x, scale_factor=2, mode="bilinear")  # (1, 1, 8, 8)
+    ```
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .nn import _opmath, _vjp
+from .registry import register
+
+aten = torch.ops.aten
+
+
+# ---- upsampling -------------------------------------------------------------------------------
+def _src_scale(in_size, out_size, align_corners, scale):
+    if align_corners:
+        return (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale, cubic=False) -> np.ndarray:
+    """The static (out, in) weights of linear / cubic interpolation along one axis."""
+    s = _src_scale(in_size, out_size, align_corners, scale)
+    dst = np.arange(out_size, dtype=np.float64)
+    src = dst * s if align_corners else (dst + 0.5) * s - 0.5
+    m = np.zeros((out_size, in_size), np.float64)
+    rows = np.arange(out_size)
+    if not cubic:
+        src = np.maximum(src, 0.0)
+        i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+        i1 = np.minimum(i0 + 1, in_size - 1)
+        lam = src - i0
+        np.add.at(m, (rows, i0), 1 - lam)
+        np.add.at(m, (rows, i1), lam)
+        return m
+    a = -0.75
+    i0 = np.floor(src).astype(np.int64)
+    t = src - i0
+
+    def c1(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def c2(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    coeffs = [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+    for off, c in zip((-1, 0, 1, 2), coeffs):
+        np.add.at(m, (rows, np.clip(i0 + off, 0, in_size - 1)), c)
+    return m
+
+
+def _resample_linear(x, output_size, align_corners, scales, cubic=False):
+    n = len(output_size)
+    lead = x.ndim - n
+    xf = _opmath(x)
+    for i, o in enumerate(output_size):
+        ax = lead + i
+        sc = scales[i] if scales else None
+        if x.shape[ax] == o and (sc is None or sc == 1.0):
+            continue
+        m = jnp.asarray(_linear_matrix(x.shape[ax], int(o), align_corners, sc, cubic), xf.dtype)
+        xf = jnp.moveaxis(jnp.tensordot(xf, m, axes=[[ax], [1]]), -1, ax)
+    return xf.astype(x.dtype)
+
+
+def _resample_nearest(x, output_size, scales, exact):
+    n = len(output_size)
+    lead = x.ndim - n
+    for i, o in enumerate(output_size):
+        ax = lead + i
+        size = x.shape[ax]
+        s = _src_scale(size, int(o), False, scales[i] if scales else None)
+        dst = np.arange(int(o), dtype=np.float64)
+        src = np.floor((dst + 0.5) * s) if exact else np.floor(dst * np.float32(s))
+        idx = np.minimum(src.astype(np.int64), size - 1).astype(np.int32)
+        if size != o or not np.array_equal(idx, np.arange(size)):
+            x = jnp.take(x, jnp.asarray(idx), axis=ax)
+    return x
+
+
+def _scales(*s):
+    return None if all(v is None for v in s) else list(s)
+
+
+@register(aten.upsample_nearest1d.default)
+def upsample_nearest1d(self, output_size, scales=None):
+    return _resample_nearest(self, output_size, _scales(scales), False)
+
+
+@register(aten.upsample_nearest2d.default)
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_h, scales_w), False)
+
+
+@register(aten.upsample_nearest3d.default)
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_d, scales_h, scales_w), False)
+
+
+@register(aten._upsample_nearest_exact1d.default)
+def _upsample_nearest_exact1d(self, output_size, scales=None):
+    return _resample_nearest(self, output_size, _scales(scales), True)
+
+
+@register(aten._upsample_nearest_exact2d.default)
+def _upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_h, scales_w), True)
+
+
+@register(aten._upsample_nearest_exact3d.default)
+def _upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _resample_nearest(self, output_size, _scales(scales_d, scales_h, scales_w), True)
+
+
+@register(aten.upsample_linear1d.default)
+def upsample_linear1d(self, output_size, align_corners, scales=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales))
+
+
+@register(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales_h, scales_w))
+
+
+@register(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales_d, scales_h, scales_w))
+
+
+@register(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_linear(self, output_size, align_corners, _scales(scales_h, scales_w), cubic=True)
+
+
+def _upsample_backward(forward):
+    def backward(grad_output, output_size, input_size, *args):
+        x = jnp.zeros(tuple(input_size), grad_output.dtype)
+        return _vjp(lambda a: forward(a, output_size, *args), (x,), grad_output)[0]
+
+    return backward
+
+
+for _name, _fwd in [("upsample_nearest1d", upsample_nearest1d), ("upsample_nearest2d", upsample_nearest2d),
+                    ("upsample_nearest3d", upsample_nearest3d),
+                    ("_upsample_nearest_exact1d", _upsample_nearest_exact1d),
+                    ("_upsample_nearest_exact2d", _upsample_nearest_exact2d),
+                    ("_upsample_nearest_exact3d", _upsample_nearest_exact3d),
+                    ("upsample_linear1d", upsample_linear1d), ("upsample_bilinear2d", upsample_bilinear2d),
+                    ("upsample_trilinear3d", upsample_trilinear3d), ("upsample_bicubic2d", upsample_bicubic2d)]:
+    register(getattr(aten, _name + "_backward").default)(_upsample_backward(_fwd))
+
+
+
+# ---- grid sampling ----------------------------------------------------------------------------
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    lo, span = twice_low / 2, (twice_high - twice_low) / 2
+    c = jnp.abs(coord - lo)
+    extra, flips = jnp.fmod(c, span), jnp.floor(c / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + lo, span - extra + lo)
+
+
+def _pad_coord(coord, size, padding_mode, align_corners):
+    if padding_mode == 1:  # border
+        return jnp.clip(coord, 0, size - 1)
+    if padding_mode == 2:  # reflection
+        coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+@register(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    """`F.grid_sample` on 4-d inputs: bilinear (0), nearest (1) or bicubic (2) sampling with zeros (0),
+    border (1) or reflection (2) padding, as gathers from the flattened image."""
+    N, C, H, W = input.shape
+    flat = input.reshape(N, C, H * W)
+    gx, gy = grid[..., 0], grid[..., 1]
+
+    def unnormalize(g, size):
+        return (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+
+    def tap(x, y):  # values at integer (x, y), zero outside the image
+        inside = (x >= 0) & (x <= W - 1) & (y >= 0) & (y <= H - 1)
+        xi, yi = jnp.clip(x, 0, W - 1).astype(jnp.int32), jnp.clip(y, 0, H - 1).astype(jnp.int32)
+        idx = (yi * W + xi).reshape(N, 1, -1)
+        vals = jnp.take_along_axis(flat, jnp.broadcast_to(idx, (N, C, idx.shape[-1])), axis=2)
+        return jnp.where(inside.reshape(N, 1, -1), vals, 0).reshape((N, C) + x.shape[1:])
+
+    ix, iy = unnormalize(gx, W), unnormalize(gy, H)
+    if interpolation_mode == 2:  # bicubic: padding applies to each tap
+        x0, y0 = jnp.floor(ix), jnp.floor(iy)
+        tx, ty = ix - x0, iy - y0
+        a = -0.75
+
+        def coeffs(t):
+            c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
+            c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
+            return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+
+        cx, cy = coeffs(tx), coeffs(ty)
+        out = 0
+        for j in range(4):
+            yy = _pad_coord(y0 - 1 + j, H, padding_mode, align_corners)
+            row = 0
+            for i in range(4):
+                xx = _pad_coord(x0 - 1 + i, W, padding_mode, align_corners)
+                row = row + tap(xx, yy) * cx[i][:, None]
+            out = out + row * cy[j][:, None]
+        return out.astype(input.dtype)
+    ix = _pad_coord(ix, W, padding_mode, align_corners)
+    iy = _pad_coord(iy, H, padding_mode, align_corners)
+    if interpolation_mode == 1:
+        return tap(jnp.round(ix), jnp.round(iy)).astype(input.dtype)
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    wx, wy = (ix - x0)[:, None], (iy - y0)[:, None]
+    out = (tap(x0, y0) * (1 - wx) * (1 - wy) + tap(x0 + 1, y0) * wx * (1 - wy)
+           + tap(x0, y0 + 1) * (1 - wx) * wy + tap(x0 + 1, y0 + 1) * wx * wy)
+    return out.astype(input.dtype)
+
+
+@register(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    gi, gg = _vjp(lambda x, g: grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners),
+                  (input, grid), grad_output)
+    return (gi if output_mask[0] else None, gg)
