@@ -696,3 +696,141 @@ def equal(a, b):
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     """`torch.allclose` (a Python bool)."""
     return bool(jnp.allclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+# ---- segment reductions -------------------------------------------------------------------
+def _segment_ids(lengths, n: int):
+    """Segment id of each of `n` positions for contiguous segments of `lengths` (`len(lengths)` past the end)."""
+    ends = jnp.cumsum(lengths)
+    return jnp.searchsorted(ends, jnp.arange(n), side="right")
+
+
+def _segment_prod(x, ids, lengths):
+    """Per-segment product of the rows of `x` (contiguous segments), by a segmented scan (differentiable)."""
+    start = jnp.concatenate([jnp.ones((1,), bool), ids[1:] != ids[:-1]]) if x.shape[0] else jnp.zeros((0,), bool)
+    start = start.reshape((-1,) + (1,) * (x.ndim - 1))
+
+    def combine(left, right):
+        (fl, vl), (fr, vr) = left, right
+        return fl | fr, jnp.where(fr, vr, vl * vr)
+
+    _, running = jax.lax.associative_scan(combine, (jnp.broadcast_to(start, x.shape), x))
+    last = jnp.clip(jnp.cumsum(lengths) - 1, 0, max(x.shape[0] - 1, 0))
+    picked = jnp.take(running, last, axis=0) if x.shape[0] else jnp.ones((lengths.shape[0],) + x.shape[1:], x.dtype)
+    return jnp.where((lengths > 0).reshape((-1,) + (1,) * (x.ndim - 1)), picked, jnp.ones((), x.dtype))
+
+
+def _segment_reduce_rows(x, lengths, reduce: str, initial):
+    """One row of `segment_reduce`: `x` is (N, ...) grouped along axis 0 into `len(lengths)` segments."""
+    s = lengths.shape[0]
+    ids = _segment_ids(lengths, x.shape[0])
+    per_row = (-1,) + (1,) * (x.ndim - 1)
+    init = None if initial is None else jnp.asarray(initial, x.dtype)
+    if reduce in ("sum", "mean"):
+        out = jax.ops.segment_sum(x, ids, s, indices_are_sorted=True)
+        if init is not None:
+            out = init + out
+        if reduce == "mean":
+            n = lengths.reshape(per_row)
+            empty = jnp.nan if init is None else init
+            out = jnp.where(n > 0, out / jnp.maximum(n, 1).astype(x.dtype), empty)
+        return out
+    if reduce in ("max", "min"):
+        seg = jax.ops.segment_max if reduce == "max" else jax.ops.segment_min
+        out = seg(x, ids, s, indices_are_sorted=True)
+        has_nan = jax.ops.segment_sum(jnp.isnan(x).astype(jnp.int32), ids, s, indices_are_sorted=True) > 0
+        out = jnp.where(has_nan, jnp.nan, out)
+        if init is not None:
+            out = (jnp.maximum if reduce == "max" else jnp.minimum)(init, out)
+        return out
+    if reduce == "prod":
+        out = _segment_prod(x, ids, lengths)
+        return out if init is None else init * out
+    raise RuntimeError(f"unsupported reduction given! {reduce}")
+
+
+@register(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """`torch.segment_reduce`: reduce contiguous segments along `axis`, given `lengths` or `offsets`.
+
+    `lengths` (or `offsets`, one longer) has shape `data.shape[:axis] + (segments,)`; the number of
+    segments is static. Empty segments give `initial`, else the reduction's identity (NaN for mean).
+
+    **Example:** `segment_reduce(x, "sum", lengths=torch.tensor([2, 0, 3]))` on 5 values -> 3 sums.
+    """
+    if category(data.dtype) < _FLOAT:
+        raise RuntimeError(f"\"_segment_reduce_cpu\" not implemented for '{_torch_name(data.dtype).capitalize()}'")
+    if indices is not None:
+        raise RuntimeError("segment_reduce(): indices based reduction is not supported yet.")
+    if lengths is None:
+        if offsets is None:
+            raise RuntimeError("segment_reduce(): Either lengths or offsets must be defined")
+        lengths = jnp.diff(offsets, axis=-1)
+    axis = canon_dim(axis, data.ndim)
+    if lengths.ndim != axis + 1:
+        raise RuntimeError(f"Expected axis to be the last dimension of lengths but got {axis}.")
+    outer = data.shape[:axis]
+    x = data.reshape((math.prod(outer),) + data.shape[axis:])
+    ls = lengths.reshape((math.prod(outer), lengths.shape[-1]))
+    out = jax.vmap(lambda xr, lr: _segment_reduce_rows(xr, lr, reduce, initial))(x, ls)
+    return out.reshape(outer + out.shape[1:])
+
+
+# ---- hash_tensor --------------------------------------------------------------------------
+def _float64_words(x):
+    """(high, low) uint32 words of float32 `x` widened to float64, built from its bits.
+
+    Built by hand because XLA's CPU convert flushes float32 subnormals to zero, while torch
+    widens them exactly: a subnormal's bits below its leading one (position `p`) become the
+    float64 mantissa, shifted up by `52 - p`.
+    """
+    u32 = jnp.uint32
+    b = jax.lax.bitcast_convert_type(x.astype(jnp.float32), u32)
+    sign, exp, mant = b & u32(0x80000000), (b >> 23) & u32(0xFF), b & u32(0x7FFFFF)
+    mant = jnp.where((exp == 255) & (mant != 0), mant | u32(0x400000), mant)  # widening quiets a NaN
+    # normal, zero, inf, NaN: the exponent rebiased (127 -> 1023), the mantissa shifted up by 29
+    wide_exp = jnp.where(exp == 255, u32(0x7FF), jnp.where(exp == 0, u32(0), exp + u32(896)))
+    hi, lo = sign | (wide_exp << 20) | (mant >> 3), (mant & u32(7)) << 29
+    # subnormal float32 -> normal float64
+    p = u32(31) - jax.lax.clz(mant)
+    frac = mant - jax.lax.shift_left(u32(1), p)
+    sub_hi = jnp.where(p >= 20, jax.lax.shift_right_logical(frac, jnp.maximum(p, u32(20)) - u32(20)),
+                       jax.lax.shift_left(frac, u32(20) - jnp.minimum(p, u32(20))))
+    sub_hi = sign | ((p + u32(874)) << 20) | sub_hi
+    sub_lo = jax.lax.shift_left(frac, u32(52) - p)  # a shift past 31 gives 0
+    subnormal = (exp == 0) & (mant != 0)
+    return jnp.where(subnormal, sub_hi, hi), jnp.where(subnormal, sub_lo, lo)
+
+
+def _hash_words(a):
+    """Each element as torch's 64-bit word (float64 / int64 bits); its low 32 bits when x64 is off."""
+    floating = category(a.dtype) >= _FLOAT
+    x64 = canonical_int() == np.dtype("int64")
+    if floating and a.dtype == np.dtype("float64"):
+        return jax.lax.bitcast_convert_type(a, jnp.uint64)
+    if floating:
+        hi, lo = _float64_words(a)
+        return (hi.astype(jnp.uint64) << 32) | lo.astype(jnp.uint64) if x64 else lo
+    if x64:
+        return jax.lax.bitcast_convert_type(a.astype(jnp.int64), jnp.uint64)
+    if a.dtype == np.dtype("uint32"):  # a narrowed uint64
+        return a
+    return jax.lax.bitcast_convert_type(a.astype(jnp.int32), jnp.uint32)
+
+
+@register(aten.hash_tensor.default)
+def hash_tensor(a, dim=(), *, keepdim=False, mode=0):
+    """`torch.hash_tensor`: xor of the elements' 64-bit patterns (floats as float64, ints as int64).
+
+    The result is `torch.uint64`. With JAX's x64 off it is held as uint32, like every 64-bit
+    integer there, and holds the low 32 bits of torch's hash.
+
+    **Example:** `torch.hash_tensor(torch.tensor([1, 3]))` -> `tensor(2, dtype=torch.uint64)`.
+    """
+    if mode != 0:
+        raise RuntimeError(f"Unknown hash_tensor mode: {mode}")
+    axes = _axes(a, dim)
+    _check_nonempty("hash_tensor", a, axes, all_dims=not dim)
+    words = _hash_words(a)
+    out = jax.lax.reduce(words, jnp.zeros((), words.dtype), jax.lax.bitwise_xor, axes)
+    return _keep(out, a, axes, keepdim)
