@@ -639,16 +639,31 @@ def _linspace(lo, hi, n: int):
     return jnp.where(i < n // 2, lo + step * i, hi - step * (n - 1 - i))
 
 
-def _histogram(a, edges, weight, density: bool):
-    flat = a.reshape(-1)
-    n = edges.shape[0] - 1
-    pos = jnp.clip(jnp.searchsorted(edges, flat, side="right") - 1, 0, n - 1)
-    inside = (flat >= edges[0]) & (flat <= edges[-1])
-    w = inside.astype(a.dtype) if weight is None else jnp.where(inside, weight.reshape(-1).astype(a.dtype), 0)
-    hist = jnp.zeros((n,), a.dtype).at[pos].add(w)
+def _histogramdd(points, edges: list, weight, density: bool):
+    """Histogram of the rows of `points` (M, D) over per-dim increasing `edges`; rightmost bins are closed.
+
+    A point outside the edges (or NaN) in any dim is dropped, as torch's kernel does.
+    """
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    inside = jnp.ones(points.shape[:1], bool)
+    flat_index = jnp.zeros(points.shape[:1], jnp.int32)
+    for d, e in enumerate(edges):
+        col = points[:, d]
+        pos = jnp.clip(jnp.searchsorted(e, col, side="right") - 1, 0, shape[d] - 1)
+        inside = inside & (col >= e[0]) & (col <= e[-1])
+        flat_index = flat_index * shape[d] + pos
+    dt = points.dtype
+    w = inside.astype(dt) if weight is None else jnp.where(inside, weight.reshape(-1).astype(dt), 0)
+    hist = jnp.zeros((math.prod(shape),), dt).at[flat_index].add(w).reshape(shape)
     if density:
-        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
-    return hist, edges
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            hist = hist / jnp.diff(e).reshape([-1 if k == d else 1 for k in range(len(edges))])
+    return hist
+
+
+def _histogram(a, edges, weight, density: bool):
+    return _histogramdd(a.reshape(-1, 1), [edges], weight, density), edges
 
 
 @register(aten.histogram.bin_ct)
@@ -669,6 +684,46 @@ def histogram(a, bins=100, *, range=None, weight=None, density=False):
 def histogram_edges(a, bins, *, weight=None, density=False):
     """`torch.histogram` with explicit (increasing) bin edges -> (hist, bin_edges)."""
     return _histogram(a, bins.astype(a.dtype), weight, density)
+
+
+def _points(a):
+    """histogramdd's input (..., D) as (M, D) points."""
+    if category(a.dtype) < _FLOAT:
+        raise RuntimeError(f"\"histogramdd\" not implemented for '{_torch_name(a.dtype).capitalize()}'")
+    return a.reshape(-1, a.shape[-1])
+
+
+@register(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(a, bins, *, range=None, weight=None, density=False):
+    """`torch.histogramdd`'s edges for bin counts: per dim, `bins[d] + 1` edges over `range` or the data's range."""
+    points = _points(a)
+    if len(bins) != points.shape[1]:
+        raise RuntimeError(f"torch.histogramdd: expected {points.shape[1]} sequences of bin edges for each of the "
+                           f"{points.shape[1]} dimensions of the input, but got {len(bins)}")
+    if range is not None:
+        lo = jnp.asarray(range[0::2], points.dtype)
+        hi = jnp.asarray(range[1::2], points.dtype)
+    elif points.shape[0] == 0:
+        lo = hi = jnp.zeros((points.shape[1],), points.dtype)
+    else:
+        lo, hi = jnp.min(points, axis=0), jnp.max(points, axis=0)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return [_linspace(lo[d], hi[d], n + 1).astype(points.dtype) for d, n in enumerate(bins)]
+
+
+@register(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_cts(a, bins, *, range=None, weight=None, density=False):
+    """`torch.histogramdd`'s histogram for bin counts (edges as in `histogramdd_bin_edges`)."""
+    edges = histogramdd_bin_edges(a, bins, range=range)
+    return _histogramdd(_points(a), edges, weight, density)
+
+
+@register(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(a, bins, *, weight=None, density=False):
+    """`torch.histogramdd`'s histogram for explicit per-dim bin edges."""
+    points = _points(a)
+    return _histogramdd(points, [b.astype(points.dtype) for b in bins], weight, density)
 
 
 @register(aten.bincount.default, data_dependent=True)
