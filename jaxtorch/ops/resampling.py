@@ -16,9 +16,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 from .nn import _opmath, _vjp
 from .registry import register
@@ -147,6 +151,73 @@ def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w
     return _resample_linear(self, output_size, align_corners, _scales(scales_h, scales_w), cubic=True)
 
 
+def _aa_matrix(in_size: int, out_size: int, align_corners: bool, scale, cubic: bool) -> np.ndarray:
+    """The static (out, in) weights of torch's antialiased bilinear / bicubic resize along one axis
+    (`_compute_weights_aa` in ATen's UpSampleKernel.cpp, in its float32 arithmetic): a triangle
+    (or a = -0.5 cubic) filter whose support widens by the downscale factor, each row normalized."""
+    f32 = np.float32
+    if align_corners:
+        s = f32(in_size - 1) / f32(out_size - 1) if out_size > 1 else f32(0)
+    else:
+        s = f32(1.0 / scale) if scale is not None and scale > 0 else f32(in_size) / f32(out_size)
+    support = f32(2.0 if cubic else 1.0) * (s if s >= 1 else f32(1))
+    invscale = f32(1) / s if s >= 1 else f32(1)
+    width = int(np.ceil(support)) * 2 + 1
+    center = s * (np.arange(out_size, dtype=f32) + f32(0.5))
+    xmin = np.maximum(((center - support).astype(np.float64) + 0.5).astype(np.int64), 0)
+    xmax = np.minimum(((center + support).astype(np.float64) + 0.5).astype(np.int64), in_size)
+    xsize = np.clip(xmax - xmin, 0, width)
+    j = np.arange(width)
+    src = xmin[:, None] + j
+    x = np.abs(((src.astype(f32) - center[:, None]).astype(np.float64) + 0.5) * invscale).astype(f32)
+    if cubic:
+        a = f32(-0.5)
+        w = np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                     np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0))
+    else:
+        w = np.where(x < 1, 1 - x, 0)
+    w = np.where(j < xsize[:, None], w, 0).astype(f32)
+    total = np.cumsum(w, axis=1, dtype=f32)[:, -1:]  # summed left to right, like torch
+    w = np.where(total != 0, w / np.where(total != 0, total, 1), w).astype(f32)
+    m = np.zeros((out_size, in_size), f32)
+    np.add.at(m, (np.repeat(np.arange(out_size), width), np.minimum(src, in_size - 1).ravel()), w.ravel())
+    return m
+
+
+def _resample_aa(x, output_size, align_corners, scales, cubic):
+    """Antialiased resize of the last len(output_size) axes; an axis whose size does not change is
+    left alone, as torch does."""
+    lead = x.ndim - len(output_size)
+    xf = _opmath(x)
+    for i, o in enumerate(output_size):
+        ax = lead + i
+        if x.shape[ax] == o:
+            continue
+        m = jnp.asarray(_aa_matrix(x.shape[ax], int(o), align_corners, scales[i] if scales else None, cubic),
+                        xf.dtype)
+        xf = jnp.moveaxis(jnp.tensordot(xf, m, axes=[[ax], [1]], precision=lax.Precision.HIGHEST), -1, ax)
+    return xf.astype(x.dtype)
+
+
+@register(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    """`F.interpolate(mode="bilinear", antialias=True)`.
+
+    Example:
+        ```python
+        y = jaxtorch.call_torch(F.interpolate, jnp.ones((1, 3, 10, 20)), size=(3, 5), mode="bilinear",
+                                antialias=True)   # (1, 3, 3, 5)
+        ```
+    """
+    return _resample_aa(self, output_size, align_corners, _scales(scales_h, scales_w), cubic=False)
+
+
+@register(aten._upsample_bicubic2d_aa.default)
+def _upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    """`F.interpolate(mode="bicubic", antialias=True)` (Keys cubic with a = -0.5, like PIL)."""
+    return _resample_aa(self, output_size, align_corners, _scales(scales_h, scales_w), cubic=True)
+
+
 def _upsample_backward(forward):
     def backward(grad_output, output_size, input_size, *args):
         x = jnp.zeros(tuple(input_size), grad_output.dtype)
@@ -161,7 +232,9 @@ for _name, _fwd in [("upsample_nearest1d", upsample_nearest1d), ("upsample_neare
                     ("_upsample_nearest_exact2d", _upsample_nearest_exact2d),
                     ("_upsample_nearest_exact3d", _upsample_nearest_exact3d),
                     ("upsample_linear1d", upsample_linear1d), ("upsample_bilinear2d", upsample_bilinear2d),
-                    ("upsample_trilinear3d", upsample_trilinear3d), ("upsample_bicubic2d", upsample_bicubic2d)]:
+                    ("upsample_trilinear3d", upsample_trilinear3d), ("upsample_bicubic2d", upsample_bicubic2d),
+                    ("_upsample_bilinear2d_aa", _upsample_bilinear2d_aa),
+                    ("_upsample_bicubic2d_aa", _upsample_bicubic2d_aa)]:
     register(getattr(aten, _name + "_backward").default)(_upsample_backward(_fwd))
 
 
@@ -185,59 +258,103 @@ def _pad_coord(coord, size, padding_mode, align_corners):
     return coord
 
 
-@register(aten.grid_sampler_2d.default)
-def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
-    """`F.grid_sample` on 4-d inputs: bilinear (0), nearest (1) or bicubic (2) sampling with zeros (0),
-    border (1) or reflection (2) padding, as gathers from the flattened image."""
-    N, C, H, W = input.shape
-    flat = input.reshape(N, C, H * W)
-    gx, gy = grid[..., 0], grid[..., 1]
+def _taps(input, coords):
+    """Values of `input` (N, C, *S) at integer `coords` (one (N, *G) array per spatial axis, in the
+    order of S), as one gather from the flattened image; zero where a coordinate is outside."""
+    N, C, *S = input.shape
+    inside, idx = True, 0
+    for c, size in zip(coords, S):
+        inside = inside & (c >= 0) & (c <= size - 1)
+        idx = idx * size + jnp.clip(c, 0, size - 1).astype(jnp.int32)
+    idx = idx.reshape(N, 1, -1)
+    vals = jnp.take_along_axis(input.reshape(N, C, -1), jnp.broadcast_to(idx, (N, C, idx.shape[-1])), axis=2)
+    return jnp.where(inside.reshape(N, 1, -1), vals, 0).reshape((N, C) + coords[0].shape[1:])
 
-    def unnormalize(g, size):
-        return (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
 
-    def tap(x, y):  # values at integer (x, y), zero outside the image
-        inside = (x >= 0) & (x <= W - 1) & (y >= 0) & (y <= H - 1)
-        xi, yi = jnp.clip(x, 0, W - 1).astype(jnp.int32), jnp.clip(y, 0, H - 1).astype(jnp.int32)
-        idx = (yi * W + xi).reshape(N, 1, -1)
-        vals = jnp.take_along_axis(flat, jnp.broadcast_to(idx, (N, C, idx.shape[-1])), axis=2)
-        return jnp.where(inside.reshape(N, 1, -1), vals, 0).reshape((N, C) + x.shape[1:])
+def _source_coords(input, grid, padding_mode, align_corners, pad=True):
+    """Grid (N, *G, n) in [-1, 1], x first -> pixel coordinates per spatial axis of `input`, in the
+    order of its axes (D, H, W), padded unless `pad` is False."""
+    sizes = input.shape[2:]
+    n = len(sizes)
+    coords = []
+    for ax, size in enumerate(sizes):
+        g = grid[..., n - 1 - ax]
+        c = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+        coords.append(_pad_coord(c, size, padding_mode, align_corners) if pad else c)
+    return coords
 
-    ix, iy = unnormalize(gx, W), unnormalize(gy, H)
-    if interpolation_mode == 2:  # bicubic: padding applies to each tap
-        x0, y0 = jnp.floor(ix), jnp.floor(iy)
-        tx, ty = ix - x0, iy - y0
-        a = -0.75
 
-        def coeffs(t):
-            c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
-            c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
-            return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
-
-        cx, cy = coeffs(tx), coeffs(ty)
-        out = 0
-        for j in range(4):
-            yy = _pad_coord(y0 - 1 + j, H, padding_mode, align_corners)
-            row = 0
-            for i in range(4):
-                xx = _pad_coord(x0 - 1 + i, W, padding_mode, align_corners)
-                row = row + tap(xx, yy) * cx[i][:, None]
-            out = out + row * cy[j][:, None]
-        return out.astype(input.dtype)
-    ix = _pad_coord(ix, W, padding_mode, align_corners)
-    iy = _pad_coord(iy, H, padding_mode, align_corners)
+def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+    """Bilinear / trilinear (0) or nearest (1) sampling in any number of spatial dimensions:
+    a weighted sum of the 2^n corner taps, or the tap at the rounded (half to even) coordinate."""
+    coords = _source_coords(input, grid, padding_mode, align_corners)
     if interpolation_mode == 1:
-        return tap(jnp.round(ix), jnp.round(iy)).astype(input.dtype)
-    x0, y0 = jnp.floor(ix), jnp.floor(iy)
-    wx, wy = (ix - x0)[:, None], (iy - y0)[:, None]
-    out = (tap(x0, y0) * (1 - wx) * (1 - wy) + tap(x0 + 1, y0) * wx * (1 - wy)
-           + tap(x0, y0 + 1) * (1 - wx) * wy + tap(x0 + 1, y0 + 1) * wx * wy)
+        return _taps(input, [jnp.round(c) for c in coords]).astype(input.dtype)
+    lo = [jnp.floor(c) for c in coords]
+    frac = [c - f for c, f in zip(coords, lo)]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=len(coords)):
+        w = functools.reduce(jnp.multiply, [t if b else 1 - t for t, b in zip(frac, corner)])
+        out = out + _taps(input, [f + b for f, b in zip(lo, corner)]) * w[:, None]
     return out.astype(input.dtype)
 
 
-@register(aten.grid_sampler_2d_backward.default)
-def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-                             output_mask):
-    gi, gg = _vjp(lambda x, g: grid_sampler_2d(x, g, interpolation_mode, padding_mode, align_corners),
-                  (input, grid), grad_output)
-    return (gi if output_mask[0] else None, gg)
+def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
+    """Bicubic (a = -0.75) sampling of a 4-d input; padding applies to each of the 16 taps."""
+    iy, ix = _source_coords(input, grid, padding_mode, align_corners, pad=False)
+    H, W = input.shape[2:]
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    tx, ty = ix - x0, iy - y0
+    a = -0.75
+
+    def coeffs(t):
+        c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
+        c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
+        return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+
+    cx, cy = coeffs(tx), coeffs(ty)
+    out = 0
+    for j in range(4):
+        yy = _pad_coord(y0 - 1 + j, H, padding_mode, align_corners)
+        row = 0
+        for i in range(4):
+            xx = _pad_coord(x0 - 1 + i, W, padding_mode, align_corners)
+            row = row + _taps(input, [yy, xx]) * cx[i][:, None]
+        out = out + row * cy[j][:, None]
+    return out.astype(input.dtype)
+
+
+@register(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    """`F.grid_sample` on 4-d inputs: bilinear (0), nearest (1) or bicubic (2) sampling with zeros (0),
+    border (1) or reflection (2) padding.
+
+    Example:
+        ```python
+        y = jaxtorch.call_torch(F.grid_sample, jnp.ones((1, 2, 4, 4)), jnp.zeros((1, 3, 3, 2)),
+                                align_corners=False)   # (1, 2, 3, 3)
+        ```
+    """
+    if interpolation_mode == 2:
+        return _grid_sample_bicubic(input, grid, padding_mode, align_corners)
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@register(aten.grid_sampler_3d.default)
+def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    """`F.grid_sample` on 5-d inputs: trilinear (0) or nearest (1) sampling with zeros (0), border (1)
+    or reflection (2) padding; `grid[..., 0]` indexes W, `[..., 1]` H and `[..., 2]` D."""
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def _grid_sampler_backward(forward):
+    def backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+        gi, gg = _vjp(lambda x, g: forward(x, g, interpolation_mode, padding_mode, align_corners),
+                      (input, grid), grad_output)
+        return (gi if output_mask[0] else None, gg)
+
+    return backward
+
+
+register(aten.grid_sampler_2d_backward.default)(_grid_sampler_backward(grid_sampler_2d))
+register(aten.grid_sampler_3d_backward.default)(_grid_sampler_backward(grid_sampler_3d))
