@@ -9,7 +9,8 @@
 | `creation`      | zeros/ones/full/arange/linspace/eye/tril masks, *_like          |
 | `random`        | rand/randn/bernoulli/dropout/multinomial (keys from the bridge) |
 | `linalg`        | mm/bmm/addmm/einsum, decompositions, solves                     |
-| `nn`            | conv, pooling, normalization, activations, losses, embedding    |
+| `nn`            | conv, pooling, normalization, activations, embedding, dropout   |
+| `losses`        | nll, regression, bce, kl, margin losses, ctc, linear + xent     |
 | `resampling`    | upsample (interpolate), grid_sample                             |
 | `attention`     | scaled_dot_product_attention                                    |
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
@@ -21,7 +22,7 @@ import importlib
 from . import registry  # noqa: F401
 
 for _family in ["elementwise", "reductions", "shape", "indexing", "creation", "random",
-                "linalg", "nn", "resampling", "attention", "sorting", "fft", "prims"]:
+                "linalg", "nn", "losses", "resampling", "attention", "sorting", "fft", "prims"]:
     try:
         importlib.import_module(f"{__name__}.{_family}")
     except ModuleNotFoundError as e:  # a family not written yet

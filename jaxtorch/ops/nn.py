@@ -1,5 +1,5 @@
-"""Neural-network lowerings: convolution, pooling, normalization, activations, losses,
-embedding, dropout (upsampling and grid sampling: `resampling`).
+"""Neural-network lowerings: convolution, pooling, normalization, activations, embedding,
+dropout (loss functions: `losses`; upsampling and grid sampling: `resampling`).
 
 Each lowering takes the ATen op's arguments (tensors as JAX arrays) and returns JAX arrays.
 They are written for XLA: convolutions are one `lax.conv_general_dilated`, pooling is
@@ -35,8 +35,6 @@ from .registry import register
 
 aten = torch.ops.aten
 
-_MEAN_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
-
 
 # ---- helpers ----------------------------------------------------------------------------------
 def _opmath(x: jax.Array) -> jax.Array:
@@ -56,14 +54,6 @@ def _vjp(fn: Callable, primals: Sequence, cotangent) -> tuple:
     """Gradients of `fn` at `primals` for the output cotangent (backward ops as VJPs)."""
     _, pullback = jax.vjp(fn, *primals)
     return pullback(cotangent)
-
-
-def _reduce(loss: jax.Array, reduction: int) -> jax.Array:
-    if reduction == 1:
-        return jnp.mean(loss)
-    if reduction == 2:
-        return jnp.sum(loss)
-    return loss
 
 
 def _bcast_channel(v: jax.Array, ndim: int) -> jax.Array:
@@ -855,114 +845,6 @@ def one_hot(self, num_classes=-1):
     if num_classes == -1:
         num_classes = int(jnp.max(self)) + 1 if self.size else 0  # data-dependent: eager only
     return (self[..., None] == jnp.arange(num_classes, dtype=self.dtype)).astype(canonical_int())
-
-
-# ---- losses -----------------------------------------------------------------------------------
-def _nll(self, target, weight, reduction, ignore_index):
-    """(loss, total_weight) for (N, C, ...) or (C,) log-probabilities."""
-    cdim = 0 if self.ndim == 1 else 1
-    valid = target != ignore_index
-    safe = jnp.where(valid, target, 0).astype(jnp.int32)
-    picked = jnp.take_along_axis(self, jnp.expand_dims(safe, cdim), axis=cdim).squeeze(cdim)
-    w = jnp.where(valid, 1, 0).astype(self.dtype) if weight is None else jnp.where(valid, weight[safe], 0)
-    loss = -picked * w
-    if reduction == 0:
-        return loss, jnp.zeros((), self.dtype)
-    total = jnp.sum(w)
-    if reduction == 2:
-        return jnp.sum(loss), total
-    return jnp.sum(loss) / total, total
-
-
-@register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
-def nll_loss_forward(self, target, weight, reduction, ignore_index):
-    return _nll(self, target, weight, reduction, ignore_index)
-
-
-@register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
-def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-    if reduction == 1:  # mean divides by the given total_weight
-        f = lambda x: _nll(x, target, weight, 2, ignore_index)[0] / total_weight  # noqa: E731
-    else:
-        f = lambda x: _nll(x, target, weight, reduction, ignore_index)[0]  # noqa: E731
-    return _vjp(f, (self,), grad_output)[0]
-
-
-def _loss_op(name: str, fn: Callable, *extra_defaults):
-    """Register `aten.<name>` (forward, reduction) and `aten.<name>_backward` as its VJP."""
-
-    def forward(self, target, reduction=1, *extra):
-        extra = extra or extra_defaults
-        dtype = result_type(self, target)
-        return _reduce(fn(self.astype(dtype), target.astype(dtype), *extra), reduction)
-
-    def backward(grad_output, self, target, reduction, *extra):
-        return _vjp(lambda x: forward(x, target, reduction, *extra), (self,), grad_output)[0]
-
-    forward.__name__, backward.__name__ = name, name + "_backward"
-    register(getattr(aten, name).default)(forward)
-    bw = getattr(aten, name + "_backward", None)
-    if bw is not None:
-        register(bw.default)(backward)
-    return forward
-
-
-mse_loss = _loss_op("mse_loss", lambda x, y: jnp.square(x - y))
-l1_loss = _loss_op("l1_loss", lambda x, y: jnp.abs(x - y))
-smooth_l1_loss = _loss_op(
-    "smooth_l1_loss",
-    lambda x, y, beta: (jnp.abs(x - y) if beta == 0 else
-                        jnp.where(jnp.abs(x - y) < beta, 0.5 * jnp.square(x - y) / beta, jnp.abs(x - y) - 0.5 * beta)),
-    1.0)
-huber_loss = _loss_op(
-    "huber_loss",
-    lambda x, y, delta: jnp.where(jnp.abs(x - y) < delta, 0.5 * jnp.square(x - y),
-                                  delta * (jnp.abs(x - y) - 0.5 * delta)),
-    1.0)
-soft_margin_loss = _loss_op("soft_margin_loss", lambda x, y: jnp.log1p(jnp.exp(-y * x)))
-
-
-def _bce(x, y, weight):
-    loss = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
-    return loss if weight is None else loss * weight
-
-
-@register(aten.binary_cross_entropy.default)
-def binary_cross_entropy(self, target, weight=None, reduction=1):
-    return _reduce(_bce(self, target, weight), reduction).astype(self.dtype)
-
-
-@register(aten.binary_cross_entropy_backward.default)
-def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
-    # torch's closed form (clamped denominator), not the VJP of the clamped logs.
-    g = (self - target) / jnp.maximum((1 - self) * self, 1e-12)
-    if weight is not None:
-        g = g * weight
-    if reduction == 1:
-        g = g / self.size
-    return (g * grad_output).astype(self.dtype)
-
-
-@register(aten.binary_cross_entropy_with_logits.default)
-def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
-    log_sig, log_sig_neg = jax.nn.log_sigmoid(self), jax.nn.log_sigmoid(-self)
-    if pos_weight is not None:
-        loss = -(pos_weight * target * log_sig + (1 - target) * log_sig_neg)
-    else:
-        loss = -(target * log_sig + (1 - target) * log_sig_neg)
-    if weight is not None:
-        loss = loss * weight
-    return _reduce(loss, reduction)
-
-
-@register(aten.kl_div.default)
-def kl_div(self, target, reduction=1, log_target=False):
-    if log_target:
-        loss = jnp.exp(target) * (target - self)
-    else:
-        loss = jnp.where(target > 0, target * (jnp.log(jnp.where(target > 0, target, 1)) - self), 0)
-        loss = loss.astype(result_type(self, target))
-    return _reduce(loss, reduction)
 
 
 # ---- pixel shuffle, fold / unfold -------------------------------------------------------------

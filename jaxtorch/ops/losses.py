@@ -1,0 +1,216 @@
+"""Loss-function lowerings: nll / cross entropy, regression losses, binary cross entropy, KL,
+margin losses, CTC, and torch's chunked linear + cross entropy.
+
+Each forward lowering computes the per-element loss and reduces it as torch's `reduction` enum
+says (0 none, 1 mean, 2 sum). The `*_backward` ops, which torch autograd calls on the `jax`
+device, are the VJP of the forward lowering unless torch's backward is not the true gradient
+(`binary_cross_entropy`'s clamped denominator, CTC's softmax-folded gradient), in which case
+they follow torch's formula.
+
+Example:
+    ```python
+    import jax.numpy as jnp, torch, jaxtorch
+    x, y = jnp.array([[0.1, 2.0, -1.0]]), jnp.array([1])
+    loss = jaxtorch.call_torch(torch.nn.functional.multi_margin_loss, x, y)   # 0.1667
+    ```
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ..bridge.dtypes import canonical_int
+from ._semantics import result_type
+from .nn import _opmath, _vjp
+from .registry import register
+
+aten = torch.ops.aten
+
+
+def _reduce(loss: jax.Array, reduction: int) -> jax.Array:
+    """torch's `reduction` enum: 0 none, 1 mean, 2 sum."""
+    if reduction == 1:
+        return jnp.mean(loss)
+    if reduction == 2:
+        return jnp.sum(loss)
+    return loss
+
+
+def _relu_strict(z: jax.Array) -> jax.Array:
+    """max(z, 0) whose gradient at z == 0 is 0, as torch's `z > 0` tests in margin losses."""
+    return jnp.where(z > 0, z, 0)
+
+
+# ---- nll, regression losses, binary cross entropy, kl ----------------------------------------
+def _nll(self, target, weight, reduction, ignore_index):
+    """(loss, total_weight) for (N, C, ...) or (C,) log-probabilities."""
+    cdim = 0 if self.ndim == 1 else 1
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0).astype(jnp.int32)
+    picked = jnp.take_along_axis(self, jnp.expand_dims(safe, cdim), axis=cdim).squeeze(cdim)
+    w = jnp.where(valid, 1, 0).astype(self.dtype) if weight is None else jnp.where(valid, weight[safe], 0)
+    loss = -picked * w
+    if reduction == 0:
+        return loss, jnp.zeros((), self.dtype)
+    total = jnp.sum(w)
+    if reduction == 2:
+        return jnp.sum(loss), total
+    return jnp.sum(loss) / total, total
+
+
+@register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    return _nll(self, target, weight, reduction, ignore_index)
+
+
+@register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    if reduction == 1:  # mean divides by the given total_weight
+        f = lambda x: _nll(x, target, weight, 2, ignore_index)[0] / total_weight  # noqa: E731
+    else:
+        f = lambda x: _nll(x, target, weight, reduction, ignore_index)[0]  # noqa: E731
+    return _vjp(f, (self,), grad_output)[0]
+
+
+def _loss_op(name: str, fn: Callable, *extra_defaults):
+    """Register `aten.<name>` (forward, reduction) and `aten.<name>_backward` as its VJP."""
+
+    def forward(self, target, reduction=1, *extra):
+        extra = extra or extra_defaults
+        dtype = result_type(self, target)
+        return _reduce(fn(self.astype(dtype), target.astype(dtype), *extra), reduction)
+
+    def backward(grad_output, self, target, reduction, *extra):
+        return _vjp(lambda x: forward(x, target, reduction, *extra), (self,), grad_output)[0]
+
+    forward.__name__, backward.__name__ = name, name + "_backward"
+    register(getattr(aten, name).default)(forward)
+    bw = getattr(aten, name + "_backward", None)
+    if bw is not None:
+        register(bw.default)(backward)
+    return forward
+
+
+mse_loss = _loss_op("mse_loss", lambda x, y: jnp.square(x - y))
+l1_loss = _loss_op("l1_loss", lambda x, y: jnp.abs(x - y))
+smooth_l1_loss = _loss_op(
+    "smooth_l1_loss",
+    lambda x, y, beta: (jnp.abs(x - y) if beta == 0 else
+                        jnp.where(jnp.abs(x - y) < beta, 0.5 * jnp.square(x - y) / beta, jnp.abs(x - y) - 0.5 * beta)),
+    1.0)
+huber_loss = _loss_op(
+    "huber_loss",
+    lambda x, y, delta: jnp.where(jnp.abs(x - y) < delta, 0.5 * jnp.square(x - y),
+                                  delta * (jnp.abs(x - y) - 0.5 * delta)),
+    1.0)
+soft_margin_loss = _loss_op("soft_margin_loss", lambda x, y: jnp.log1p(jnp.exp(-y * x)))
+
+
+def _bce(x, y, weight):
+    loss = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
+    return loss if weight is None else loss * weight
+
+
+@register(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=1):
+    return _reduce(_bce(self, target, weight), reduction).astype(self.dtype)
+
+
+@register(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
+    # torch's closed form (clamped denominator), not the VJP of the clamped logs.
+    g = (self - target) / jnp.maximum((1 - self) * self, 1e-12)
+    if weight is not None:
+        g = g * weight
+    if reduction == 1:
+        g = g / self.size
+    return (g * grad_output).astype(self.dtype)
+
+
+@register(aten.binary_cross_entropy_with_logits.default)
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
+    log_sig, log_sig_neg = jax.nn.log_sigmoid(self), jax.nn.log_sigmoid(-self)
+    if pos_weight is not None:
+        loss = -(pos_weight * target * log_sig + (1 - target) * log_sig_neg)
+    else:
+        loss = -(target * log_sig + (1 - target) * log_sig_neg)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+@register(aten.kl_div.default)
+def kl_div(self, target, reduction=1, log_target=False):
+    if log_target:
+        loss = jnp.exp(target) * (target - self)
+    else:
+        loss = jnp.where(target > 0, target * (jnp.log(jnp.where(target > 0, target, 1)) - self), 0)
+        loss = loss.astype(result_type(self, target))
+    return _reduce(loss, reduction)
+
+
+# ---- margin losses ----------------------------------------------------------------------------
+def _multi_margin(self, target, p, margin, weight):
+    """Per-sample loss (N,) of `multi_margin_loss` for a (N, C) input, torch's CPU formula."""
+    x = _opmath(self)
+    t = target.astype(jnp.int32)
+    picked = jnp.take_along_axis(x, t[:, None], axis=1)
+    z = _relu_strict(margin - picked + x)
+    h = z if p == 1 else z * z
+    if weight is not None:
+        h = h * weight.astype(x.dtype)[t][:, None]
+    h = jnp.where(jnp.arange(x.shape[1]) == t[:, None], 0, h)
+    return (jnp.sum(h, axis=1) / x.shape[1]).astype(self.dtype)
+
+
+@register(aten.multi_margin_loss.default)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=1):
+    """Multi-class hinge loss: sum_{j != y} max(0, margin - x[y] + x[j])^p / C, weighted by w[y]."""
+    x = self.reshape(1, -1) if self.ndim < 2 else self
+    loss = _multi_margin(x, target.reshape(-1), p, margin, weight)
+    if reduction == 0 and self.ndim < 2:
+        return loss.reshape(target.shape)
+    return _reduce(loss, reduction)
+
+
+@register(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
+    return _vjp(lambda x: multi_margin_loss(x, target, p, margin, weight, reduction), (self,), grad_output)[0]
+
+
+def _multilabel_targets(target):
+    """(labels, valid, is_target) for an (N, C) target: labels before the first -1 count."""
+    t = target.astype(jnp.int32)
+    valid = jnp.cumprod(t >= 0, axis=1).astype(bool)
+    labels = jnp.where(valid, t, 0)
+    hits = jnp.zeros(t.shape, jnp.int32).at[jnp.arange(t.shape[0])[:, None], labels].add(valid.astype(jnp.int32))
+    return labels, valid, hits > 0
+
+
+@register(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self, target, reduction):
+    """(loss, is_target): sum over target labels j and non-target classes i of
+    max(0, 1 - (x[j] - x[i])) / C, per sample; labels are read up to the first -1."""
+    x = _opmath(self.reshape(1, -1) if self.ndim < 2 else self)
+    labels, valid, is_target = _multilabel_targets(target.reshape(x.shape))
+    xt = jnp.take_along_axis(x, labels, axis=1)                                # (N, C) label scores
+    z = _relu_strict(1 - xt[:, :, None] + x[:, None, :])                     # (N, label j, class i)
+    z = jnp.where(valid[:, :, None] & ~is_target[:, None, :], z, 0)
+    loss = (jnp.sum(z, axis=(1, 2)) / x.shape[1]).astype(self.dtype)
+    is_target = is_target.astype(self.dtype).reshape(self.shape)
+    if self.ndim < 2:
+        return (loss.reshape(()) if reduction == 0 else _reduce(loss, reduction)), is_target
+    return _reduce(loss, reduction), is_target
+
+
+@register(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    f = lambda x: multilabel_margin_loss_forward(x, target, reduction)[0]  # noqa: E731
+    return _vjp(f, (self,), grad_output)[0]
