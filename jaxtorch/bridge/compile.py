@@ -7,12 +7,27 @@ writes (BatchNorm statistics) are written back afterwards, tensors come back as
 `JaxTensor`s. Non-tensor arguments are static: each distinct signature (shapes, dtypes,
 static values) compiles once, and `compilations` counts how many times that happened.
 
+A whole train step written in torch compiles too: modules and optimizers passed as
+arguments (or named in `state=` when the function closes over them) have their
+parameters, buffers, `.grad`s, optimizer state and learning rates threaded through the
+program as inputs and outputs (`bridge/torch_state.py`), so `loss.backward()` and
+`opt.step()` become part of one XLA program and their effects land on the objects.
+Random ops draw keys from the eager generator (`torch.manual_seed`) unless `rng=` is given.
+
 Example:
     ```python
     fast = jaxtorch.compile(model)
     y = fast(x)                 # traced and compiled on the first call
     y = fast(x2)                # same shapes: no retrace
     assert fast.compilations == 1
+
+    @jaxtorch.jit
+    def train_step(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
     ```
 """
 
@@ -25,9 +40,11 @@ from typing import Any, Callable
 import jax
 import torch
 
-from .api import _run_torch, named_state
+from . import random as _random
+from .api import _module_lock, _run_torch, named_state
 from .convert import array_to_torch, tensor_to_jax
 from .tensor import JaxTensor, write
+from .torch_state import Holders
 
 
 def _is_tensor(x) -> bool:
@@ -45,11 +62,13 @@ def _freeze(x):
 class Compiled:
     """A torch module or function compiled into `jax.jit` programs, one per signature."""
 
-    def __init__(self, target: torch.nn.Module | Callable, *, rng: bool = False):
+    def __init__(self, target: torch.nn.Module | Callable, *, state: tuple = ()):
         self._target = target
         self._module = target if isinstance(target, torch.nn.Module) else None
+        self._state_objects = tuple(state)
         self._programs: dict[Any, Callable] = {}
-        self._lock = threading.Lock()
+        self._aux: dict[Any, Any] = {}
+        self._lock = threading.RLock()
         self.compilations = 0
         functools.update_wrapper(self, target.forward if self._module is not None else target)
 
@@ -62,10 +81,7 @@ class Compiled:
 
         def traced(state: dict, dyn: list, rng):
             self.compilations += 1  # runs once per trace
-            leaves = list(statics)
-            it = iter(dyn)
-            leaves = [JaxTensor(next(it)) if s is _DYN else s for s in leaves]
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            args, kwargs = _rebuild(treedef, statics, dyn)
             if module is None:
                 return _run_torch(target, args, kwargs, rng), {}
             tstate = {k: JaxTensor(v) for k, v in state.items()}
@@ -81,19 +97,41 @@ class Compiled:
         self._programs[key] = prog
         return prog
 
+    def _step_program(self, key, treedef, statics, holders: Holders, opt_statics):
+        """A program for a function that updates modules/optimizers (a train step)."""
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        target = self._target
+
+        def traced(state, dyn: list, rng):
+            self.compilations += 1  # runs once per trace
+            args, kwargs = _rebuild(treedef, statics, dyn)
+            snap = holders.snapshot()
+            try:
+                holders.install(state, opt_statics, tracing=True)
+                out = _run_torch(target, args, kwargs, rng)
+                new_state, _ = holders.read()
+                self._aux[key] = holders.state_statics()
+            finally:
+                holders.restore(snap)
+            new_state.lrs = [[None] * len(per) for per in new_state.lrs]  # inputs only
+            return out, new_state
+
+        prog = jax.jit(traced)
+        self._programs[key] = prog
+        return prog
+
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
-        for x in leaves:
-            if isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
-                raise TypeError(
-                    f"jaxtorch.compile: a {type(x).__name__} passed as an argument would be baked into the "
-                    "program (and writes to it would leak traced values). Compile the module itself, "
-                    "`jaxtorch.compile(model)`, or close over it and pass only tensors; compiling a whole "
-                    "torch train step (backward + optimizer.step) is not supported yet."
-                )
+        holders_objs = self._state_objects + tuple(x for x in leaves if _is_holder(x))
+        if rng is None:
+            rng = _random._eager_key()
         statics = tuple(_DYN if _is_tensor(x) else x for x in leaves)
         dyn = [x.elem if isinstance(x, JaxTensor) else tensor_to_jax(x) for x in leaves if _is_tensor(x)]
         key = (treedef, tuple(_freeze(s) for s in statics), self._module.training if self._module else None)
+        if holders_objs:
+            return self._call_step(key, treedef, statics, dyn, holders_objs, rng)
         state_tensors = named_state(self._module) if self._module is not None else {}
         state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
         with self._lock:
@@ -106,7 +144,42 @@ class Compiled:
             else:
                 with torch.no_grad():
                     t.copy_(array_to_torch(value))
-        return jax.tree_util.tree_map(lambda a: JaxTensor(a) if isinstance(a, jax.Array) else a, out)
+        return _wrap(out)
+
+    def _call_step(self, key, treedef, statics, dyn, objects, rng):
+        if self._module is not None:
+            raise TypeError("jaxtorch.compile: pass modules/optimizers to a compiled *function*, not to a "
+                            "compiled module's forward")
+        holders = Holders.of(objects)
+        locks = [_module_lock(m) for m in holders.modules]
+        with self._lock:
+            for lock in locks:
+                lock.acquire()
+            try:
+                state, signature = holders.read()
+                opt_statics = holders.state_statics()
+                key = (key, tuple(id(o) for o in objects), signature)
+                prog = self._step_program(key, treedef, statics, holders, opt_statics)
+                out, new_state = prog(state, dyn, rng)
+                holders.install(new_state, self._aux[key], tracing=False)
+            finally:
+                for lock in reversed(locks):
+                    lock.release()
+        return _wrap(out)
+
+
+def _is_holder(x) -> bool:
+    return isinstance(x, (torch.nn.Module, torch.optim.Optimizer))
+
+
+def _rebuild(treedef, statics, dyn):
+    it = iter(dyn)
+    leaves = [JaxTensor(next(it)) if s is _DYN else s for s in statics]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _wrap(out):
+    return jax.tree_util.tree_map(lambda a: JaxTensor(a) if isinstance(a, jax.Array) else a, out)
 
 
 class _Dyn:
@@ -117,12 +190,14 @@ class _Dyn:
 _DYN = _Dyn()
 
 
-def compile(target: torch.nn.Module | Callable) -> Compiled:  # noqa: A001 - mirrors torch.compile
-    """Compile a torch module or function into cached `jax.jit` programs.
+def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:  # noqa: A001
+    """Compile a torch module or function (a forward, or a whole train step) into `jax.jit` programs.
 
     **Arguments:**
     - `target`: a `torch.nn.Module` (its parameters and buffers become program inputs) or a
-      function of torch tensors.
+      function of torch tensors. Modules and optimizers among the function's arguments are
+      state: their tensors, grads, optimizer state and learning rates go in and come out.
+    - `state`: modules and optimizers the function closes over, treated the same way.
 
     **Returns:** a `Compiled` callable; `.compilations` counts traces.
 
@@ -132,7 +207,7 @@ def compile(target: torch.nn.Module | Callable) -> Compiled:  # noqa: A001 - mir
         logits = fast(input_ids.to("jax"))
         ```
     """
-    return Compiled(target)
+    return Compiled(target, state=state)
 
 
 def jit(fn: Callable) -> Compiled:

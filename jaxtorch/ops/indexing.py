@@ -236,9 +236,9 @@ def _scatter(a, dim, index, src, reduce=None, include_self=True):
     dim = canon_dim(dim, a.ndim)
     if index.size == 0:
         return a
-    if is_array(src):
+    if is_array(src) and src.ndim > 0:
         src = _1d(src)[tuple(slice(0, n) for n in index.shape)]
-    else:
+    else:  # a scalar `value` (traced as a 0-d array by the eager cache)
         src = jnp.full(index.shape, src, a.dtype)
     idx = _along(index, dim)
     if reduce is None:

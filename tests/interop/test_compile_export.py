@@ -44,15 +44,6 @@ def test_jit_decorator_static_args():
     assert f.compilations == 2
 
 
-def test_compile_refuses_modules_as_arguments():
-    @jaxtorch.jit
-    def step(model, x):
-        return model(x)
-
-    with pytest.raises(TypeError, match="Compile the module itself"):
-        step(torch.nn.Linear(2, 2), torch.ones(1, 2))
-
-
 def test_export_reloads_in_a_fresh_process_without_torch(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).eval()

@@ -115,6 +115,52 @@ def test_frozen_backbone_in_flax_nnx():
         np.testing.assert_array_equal(np.asarray(model.backbone.get_value()[k]), np.asarray(v))
 
 
+def test_finetuned_backbone_in_flax_nnx_matches_torch_autograd():
+    from flax import nnx
+
+    backbone = _backbone()
+    params, fn = jaxtorch.extract(backbone)
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.backbone = nnx.data({k: nnx.Param(jnp.asarray(v)) for k, v in params.items()})
+            self.head = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.head(fn({k: v.get_value() for k, v in self.backbone.items()}, x))
+
+    model = Model()
+    x, y = _data()
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt):
+        def loss(m):
+            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+
+        l, g = nnx.value_and_grad(loss)(model)
+        opt.update(model, g)
+        return l, g
+
+    # the same network in torch: backbone + a Linear holding the nnx head's weights
+    head = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        head.weight.copy_(torch.from_numpy(np.asarray(model.head.kernel.get_value()).T))
+        head.bias.copy_(torch.from_numpy(np.asarray(model.head.bias.get_value())))
+    ref = torch.nn.Sequential(backbone, head)
+    before = {k: np.asarray(v.get_value()) for k, v in model.backbone.items()}
+    loss, grads = step(model, opt)
+    torch_loss = torch.nn.functional.cross_entropy(ref(torch.from_numpy(np.asarray(x))),
+                                                   torch.from_numpy(np.asarray(y)).long())
+    torch_loss.backward()
+    np.testing.assert_allclose(float(loss), float(torch_loss), rtol=1e-5)
+    for name, p in backbone.named_parameters():  # gradients reach the backbone, equal to torch's
+        np.testing.assert_allclose(np.asarray(grads["backbone"][name].get_value()), p.grad.numpy(),
+                                   rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(model.backbone[name].get_value()),
+                                   before[name] - 0.1 * p.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_frozen_backbone_in_flax_linen():
     import flax.linen as nn
 

@@ -1,0 +1,203 @@
+"""The state hidden in torch objects, made explicit for a compiled train step.
+
+A train step written in torch (`loss.backward(); opt.step()`) changes tensors that live
+inside objects: parameters and buffers (in place), `.grad` slots (backward), optimizer
+state (`exp_avg`, `step`, momentum buffers) and the learning rate a scheduler sets.
+`jaxtorch.compile` threads all of it through its `jax.jit` program as ordinary inputs
+and outputs:
+
+- `Holders.read()` reads the current values into a `State` (a pytree of JAX arrays) and
+  its static signature (which grads exist, which optimizer state is set, hyperparameters);
+- `Holders.install(state)` puts values (tracers, while tracing) into the objects;
+- after the step has run, `read()` again gives the new values, `restore` puts the
+  originals back, and `install` of the program's results makes the update real.
+
+Optimizers run in their `capturable` form while traced (no `.item()` on the step
+counter), and Adam/AdamW get their learning rate as a traced scalar, so an LR scheduler
+between steps does not recompile. Other optimizers' learning rates are part of the
+static signature: changing one compiles again (`Compiled.compilations` shows it).
+
+Example:
+    ```python
+    holders = Holders.of([model, opt])
+    state, signature = holders.read()
+    ```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .convert import tensor_to_jax
+from .tensor import JaxTensor, write
+
+# Optimizers whose capturable code path accepts a tensor learning rate.
+_TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
+
+
+@dataclasses.dataclass
+class State:
+    """Arrays of one snapshot: tensors (params and buffers), grads, optimizer state, lrs."""
+
+    tensors: list[jax.Array]
+    grads: list[jax.Array | None]
+    opt_state: list[list[dict[str, jax.Array]]]
+    lrs: list[list[jax.Array | None]]
+
+
+jax.tree_util.register_dataclass(State, data_fields=["tensors", "grads", "opt_state", "lrs"], meta_fields=[])
+
+
+def _array(t: Any, what: str) -> jax.Array:
+    if isinstance(t, JaxTensor):
+        return t.elem
+    if isinstance(t, torch.Tensor):
+        return tensor_to_jax(t.detach())
+    raise TypeError(f"jaxtorch.compile: {what} is a {type(t).__name__}, expected a tensor")
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+@dataclasses.dataclass
+class Holders:
+    """The modules and optimizers whose tensors one compiled call reads and writes."""
+
+    modules: tuple[torch.nn.Module, ...]
+    optimizers: tuple[torch.optim.Optimizer, ...]
+    tensors: list[JaxTensor]  # the roots holding the parameters' and buffers' data, each once
+    params: list[JaxTensor]  # the subset with requires_grad (their .grad slots are state)
+
+    @classmethod
+    def of(cls, objects) -> "Holders":
+        """Collect the modules' and optimizers' tensors (each once, by identity).
+
+        Raises `TypeError` naming the tensor when one is not on the `jax` device: a train
+        step's parameters must be JAX values (`model.to("jax")` before building the
+        optimizer).
+        """
+        modules = tuple(o for o in objects if isinstance(o, torch.nn.Module))
+        optimizers = tuple(o for o in objects if isinstance(o, torch.optim.Optimizer))
+        found: dict[int, tuple[str, torch.Tensor]] = {}
+        for i, m in enumerate(modules):
+            for name, t in [*m.named_parameters(), *m.named_buffers()]:
+                found.setdefault(id(t), (f"{type(m).__name__}.{name}", t))
+        for i, opt in enumerate(optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for j, p in enumerate(group["params"]):
+                    found.setdefault(id(p), (f"{type(opt).__name__}.param_groups[{g}]['params'][{j}]", p))
+        for name, t in found.values():
+            if not isinstance(t, JaxTensor):
+                raise TypeError(
+                    f"jaxtorch.compile: `{name}` is on {t.device}, not the jax device. A compiled train step "
+                    "updates its tensors in place, so they must be JAX values: call `model.to('jax')` "
+                    "before creating the optimizer (or use `jaxtorch.compile(model)` for a forward only)."
+                )
+        # Parameters are usually views of a hidden root (`Parameter(x)` detaches): the roots
+        # hold the data, so they are the state; the views replay from them.
+        roots: dict[int, JaxTensor] = {}
+        for _, t in found.values():
+            root = t._jt_base if t._jt_base is not None else t
+            roots.setdefault(id(root), root)
+        params = [t for _, t in found.values() if t.requires_grad]
+        return cls(modules, optimizers, list(roots.values()), params)
+
+    def _opt_params(self):
+        for opt in self.optimizers:
+            yield opt, [[p for p in group["params"]] for group in opt.param_groups]
+
+    def read(self) -> tuple[State, Any]:
+        """Current values as a `State`, plus the static signature they belong to."""
+        sig_grads = tuple(p.grad is not None for p in self.params)
+        grads = [None if p.grad is None else _array(p.grad, "a .grad") for p in self.params]
+        opt_state, lrs, sig_opt = [], [], []
+        for opt, groups in self._opt_params():
+            per_opt, per_lr, sig = [], [], []
+            for group, params in zip(opt.param_groups, groups):
+                traced_lr = isinstance(opt, _TENSOR_LR) and not isinstance(group["lr"], torch.Tensor)
+                per_lr.append(jnp.asarray(group["lr"], jnp.float32) if traced_lr else None)
+                hyper = {k: _freeze(v) for k, v in group.items() if k != "params" and not (k == "lr" and traced_lr)}
+                sig.append(tuple(sorted(hyper.items())))
+                for p in params:
+                    st = opt.state.get(p, {})
+                    arrays = {k: _array(v, f"optimizer state '{k}'") for k, v in st.items()
+                              if isinstance(v, torch.Tensor)}
+                    statics = tuple(sorted((k, _freeze(v)) for k, v in st.items() if not isinstance(v, torch.Tensor)))
+                    per_opt.append(arrays)
+                    sig.append((tuple(sorted(arrays)), statics))
+            opt_state.append(per_opt)
+            lrs.append(per_lr)
+            sig_opt.append(tuple(sig))
+        state = State([t.elem for t in self.tensors], grads, opt_state, lrs)
+        signature = (len(self.tensors), tuple(map(id, self.params)), sig_grads, tuple(sig_opt),
+                     tuple(m.training for m in self.modules))
+        return state, signature
+
+    def snapshot(self) -> Any:
+        """The objects' current contents, for `restore` (nothing is copied)."""
+        return ([t._jt_elem for t in self.tensors], [p.grad for p in self.params],
+                [dict(opt.state) for opt in self.optimizers],
+                [[dict(g) for g in opt.param_groups] for opt in self.optimizers])
+
+    def restore(self, snap) -> None:
+        """Put back what `snapshot` saw (after tracing, so no tracer stays behind)."""
+        elems, grads, states, groups = snap
+        for t, e in zip(self.tensors, elems):
+            t._jt_elem = e
+            t._jt_version += 1
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        for opt, st, gs in zip(self.optimizers, states, groups):
+            opt.state.clear()
+            opt.state.update(st)
+            for group, saved in zip(opt.param_groups, gs):
+                group.clear()
+                group.update(saved)
+
+    def install(self, state: State, statics: Any, *, tracing: bool) -> None:
+        """Put `state`'s values into the objects (non-tensor optimizer state from `statics`).
+
+        While tracing, optimizers are switched to their capturable code path and traced
+        learning rates are installed as tensors; otherwise hyperparameters are left alone.
+        """
+        for t, value in zip(self.tensors, state.tensors):
+            write(t, value)
+        for p, g in zip(self.params, state.grads):
+            p.grad = None if g is None else JaxTensor(g)
+        opt_statics = iter(statics or [])
+        for (opt, groups), per_opt, per_lr in zip(self._opt_params(), state.opt_state, state.lrs):
+            arrays = iter(per_opt)
+            for group, params, lr in zip(opt.param_groups, groups, per_lr):
+                if tracing:
+                    if "capturable" in group:
+                        group["capturable"] = True
+                    if lr is not None:
+                        group["lr"] = JaxTensor(lr)
+                for p in params:
+                    values = {k: JaxTensor(v) for k, v in next(arrays).items()}
+                    values.update(next(opt_statics, {}))
+                    if values:
+                        opt.state[p] = values
+                    else:
+                        opt.state.pop(p, None)
+
+    def state_statics(self) -> list[dict[str, Any]]:
+        """Non-tensor optimizer state per parameter (read after a traced step)."""
+        out = []
+        for opt, groups in self._opt_params():
+            for params in groups:
+                for p in params:
+                    out.append({k: v for k, v in opt.state.get(p, {}).items() if not isinstance(v, torch.Tensor)})
+        return out
