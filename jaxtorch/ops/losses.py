@@ -214,3 +214,75 @@ def multilabel_margin_loss_forward(self, target, reduction):
 def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
     f = lambda x: multilabel_margin_loss_forward(x, target, reduction)[0]  # noqa: E731
     return _vjp(f, (self,), grad_output)[0]
+
+
+# ---- linear + cross entropy (torch's chunked custom ops) --------------------------------------
+def _linear_xent_rows(input, linear_weight, target, linear_bias, weight, ignore_index):
+    """(per-row loss, per-row class weight) of cross_entropy(input @ W.T + b, target), rows masked
+    where target == ignore_index; computed in float32 for half inputs."""
+    x, w = _opmath(input), linear_weight.astype(_opmath(input).dtype)
+    logits = x @ w.T
+    if linear_bias is not None:
+        logits = logits + linear_bias.astype(logits.dtype)
+    t = target.astype(jnp.int32)
+    masked = t == ignore_index
+    t = jnp.where(masked, 0, t)
+    picked = jnp.take_along_axis(logits, t[:, None], axis=1)[:, 0]
+    nll = jax.nn.logsumexp(logits, axis=1) - picked
+    row_w = jnp.ones(t.shape, logits.dtype) if weight is None else weight.astype(logits.dtype)[t]
+    row_w = jnp.where(masked, 0, row_w)
+    return nll * row_w, row_w
+
+
+def _linear_xent(input, linear_weight, target, linear_bias, weight, reduction, ignore_index):
+    loss, row_w = _linear_xent_rows(input, linear_weight, target, linear_bias, weight, ignore_index)
+    total = jnp.sum(loss)
+    if reduction == "mean":
+        d = jnp.sum(row_w)
+        total = total / jnp.where(d == 0, jnp.nan, d)
+    return total.astype(input.dtype)
+
+
+def _linear_xent_chunked_op():
+    try:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401  (defines the torch_nn ops)
+    except ImportError:  # an older torch without F.linear_cross_entropy
+        return None, None
+    ns = torch.ops.torch_nn
+    return ns._linear_cross_entropy_batch_chunked.default, ns._linear_cross_entropy_batch_chunked_no_reduction.default
+
+
+_LCE, _LCE_NONE = _linear_xent_chunked_op()
+
+
+def linear_cross_entropy_batch_chunked(input, linear_weight, target, linear_bias, weight, reduction,
+                                       ignore_index, label_smoothing, batch_chunk_size, acc_policy, acc_dtype,
+                                       allow_retain_graph, compute_input_grad, compute_linear_weight_grad,
+                                       compute_linear_bias_grad):
+    """`F.linear_cross_entropy` (mean/sum): (loss, grad_input, grad_linear_weight, grad_linear_bias).
+
+    torch's op precomputes the gradients in its forward; here they are the VJP of the unchunked
+    loss (XLA drops them when unused). A gradient not asked for is an empty tensor, as in torch.
+    """
+    if label_smoothing > 0.0:
+        raise NotImplementedError("linear_cross_entropy does not support label smoothing")
+    f = lambda x, w, b: _linear_xent(x, w, target, b, weight, reduction, ignore_index)  # noqa: E731
+    loss, pullback = jax.vjp(f, input, linear_weight, linear_bias)
+    gx, gw, gb = pullback(jnp.ones((), loss.dtype))
+    gx = gx.astype(input.dtype) if compute_input_grad else jnp.zeros((0, 0), input.dtype)
+    gw = gw.astype(input.dtype) if compute_linear_weight_grad else jnp.zeros((0, 0), input.dtype)
+    gb = (gb.astype(input.dtype) if compute_linear_bias_grad and gb is not None
+          else jnp.zeros((0,), input.dtype))
+    return loss, gx, gw, gb
+
+
+def linear_cross_entropy_batch_chunked_no_reduction(input, linear_weight, target, linear_bias, weight,
+                                                    ignore_index, batch_chunk_size, acc_policy, acc_dtype):
+    """`F.linear_cross_entropy(..., reduction='none')`: the per-row loss (N,), 0 on ignored rows."""
+    loss, _ = _linear_xent_rows(input, linear_weight, target, linear_bias, weight, ignore_index)
+    return loss.astype(input.dtype)
+
+
+if _LCE is not None:
+    register(_LCE)(linear_cross_entropy_batch_chunked)
+    register(_LCE_NONE)(linear_cross_entropy_batch_chunked_no_reduction)
