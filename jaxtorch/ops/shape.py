@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from jax.extend.core import concrete_or_error
 
+from ..bridge.dtypes import to_torch_dtype
 from ._semantics import canon_dim
 from .registry import register
 
@@ -209,6 +211,93 @@ def unsafe_split(a, split_size, dim=0):
 @register(aten.unsafe_split_with_sizes.default)
 def unsafe_split_with_sizes(a, split_sizes, dim=0):
     return split_with_sizes(a, split_sizes, dim)
+
+
+def _concrete_ints(t, what: str):
+    """The values of a small integer tensor argument as Python ints (raises `ConcretizationTypeError` if traced)."""
+    return np.asarray(concrete_or_error(None, t, f"{what} needs the values of its index tensor")).tolist()
+
+
+def _tensor_split_bounds(size: int, indices_or_sections) -> list[tuple[int | None, int | None]]:
+    """(start, end) slice bounds of `tensor_split` for a section count (int) or split indices (list)."""
+    if isinstance(indices_or_sections, int):
+        n = indices_or_sections
+        if n <= 0:
+            raise RuntimeError(f"number of sections must be larger than 0, got {n}")
+        q, r = divmod(size, n)
+        starts = [i * q + min(i, r) for i in range(n + 1)]
+        return list(zip(starts[:-1], starts[1:]))
+    cuts = [0] + list(indices_or_sections) + [None]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+@register(aten.tensor_split.tensor_indices_or_sections)
+def tensor_split_tensor(a, tensor_indices_or_sections, dim=0):
+    """`torch.tensor_split(x, t)` with a tensor `t`: a section count (0-dim) or split indices (1-d).
+
+    The pieces' sizes depend on `t`'s values, so `t` must be concrete (not traced by `jax.jit`).
+    """
+    t = tensor_indices_or_sections
+    if not jnp.issubdtype(t.dtype, jnp.integer):
+        raise RuntimeError("tensor_split expected tensor_indices_or_sections to have dtype of long, but got "
+                           f"{str(to_torch_dtype(t.dtype)).replace('torch.', '').capitalize()}")
+    if t.ndim > 1:
+        raise RuntimeError("tensor_split expected tensor_indices_or_sections to be a zero-dimensional or "
+                           f"one-dimensional tensor, but got a tensor with {t.ndim} dims")
+    dim = canon_dim(dim, a.ndim)
+    bounds = _tensor_split_bounds(a.shape[dim], _concrete_ints(t, "tensor_split"))
+    return [slice_(a, dim, start, end) for start, end in bounds]
+
+
+def _tensor_split_recorded(a, tensor_indices_or_sections, dim=0):
+    """Under torch autograd: the index tensor's values, then torch's differentiable int overloads."""
+    t = tensor_indices_or_sections
+    if t.dim() == 0:
+        return aten.tensor_split.sections(a, int(t.item()), dim)
+    return aten.tensor_split.indices(a, [int(i) for i in t.tolist()], dim)
+
+
+@register(aten.narrow.Tensor)
+def narrow_tensor(a, dim, start, length):
+    """`x.narrow(dim, start, length)` with a 0-dim tensor `start` (traceable: a dynamic slice).
+
+    A negative `start` counts from the end. Torch raises when the window leaves the dim; here
+    the window is clamped into it (`lax.dynamic_slice` semantics), since `start` may be traced.
+    """
+    dim = canon_dim(dim, a.ndim)
+    size = a.shape[dim]
+    if not 0 <= length <= size:
+        raise RuntimeError(f"narrow(): length {length} does not fit dimension {dim} of size {size}.")
+    start = jnp.asarray(start).reshape(())
+    start = jnp.where(start < 0, start + size, start)
+    return lax.dynamic_slice_in_dim(a, start, length, axis=dim)
+
+
+# Both overloads above are CompositeImplicitAutograd: torch's C++ kernels would run first and
+# read the index tensor on the host. Backend kernels for the `jax` device keep them whole, so
+# they reach the lowerings; when torch autograd records, torch's differentiable path runs.
+_whole_lib = torch.library.Library("aten", "IMPL")
+
+
+def _keep_whole(op: torch._ops.OpOverload, recorded: Callable) -> None:
+    name = op.name().split("::")[1]  # "tensor_split.tensor_indices_or_sections"
+
+    def backend(*args, **kwargs):  # never runs: a JaxTensor's Python key takes the call first
+        raise RuntimeError(f"jaxtorch: {op} reached the jax backend kernel without a JaxTensor")
+
+    def autograd(*args, **kwargs):
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in list(args) + list(kwargs.values())):
+            return recorded(*args, **kwargs)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
+
+    _whole_lib.impl(name, backend, "PrivateUse1")
+    _whole_lib.impl(name, autograd, "AutogradPrivateUse1")
+
+
+_keep_whole(aten.tensor_split.tensor_indices_or_sections, _tensor_split_recorded)
+_keep_whole(aten.narrow.Tensor, aten.narrow.Tensor.decompose)
 
 
 @register(aten.unbind.int)
