@@ -11,7 +11,7 @@
 | `linalg`        | mm/bmm/addmm/einsum, decompositions, solves                     |
 | `nn`            | conv, pooling, normalization, activations, embedding, dropout   |
 | `losses`        | nll, regression, bce, kl, margin losses, ctc, linear + xent     |
-| `resampling`    | upsample (interpolate), grid_sample                             |
+| `resampling`    | upsample/interpolate (incl. antialias), grid_sample, frac. pool |
 | `attention`     | scaled_dot_product_attention                                    |
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
 | `fft`           | torch.fft                                                       |

@@ -1,10 +1,13 @@
 """Resampling lowerings: upsampling (nearest, nearest-exact, linear, bilinear, bicubic,
-trilinear) and grid sampling (`F.interpolate`, `F.upsample`, `F.grid_sample`).
+trilinear, antialiased bilinear / bicubic), grid sampling in 2-d and 3-d (`F.interpolate`,
+`F.upsample`, `F.grid_sample`), and fractional max pooling given its random samples.
 
 Upsampling weights depend only on static shapes, so they are built with NumPy at trace time
-and applied as one small matmul per spatial axis; nearest modes are one static `take` per
-axis. Grid sampling gathers the taps from the flattened image. Backward ops, which torch
-autograd calls on the `jax` device, are the VJP of the forward lowering.
+(antialiased ones with torch's float32 arithmetic, so they match its CPU kernel) and applied
+as one small matmul per spatial axis; nearest modes are one static `take` per axis. Grid
+sampling and fractional max pooling gather from the flattened image. Backward ops, which
+torch autograd calls on the `jax` device, are the VJP of the forward lowering (or, for
+fractional max pooling, a scatter by the returned indices).
 
 Example:
     ```python
@@ -18,13 +21,15 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
 
-from .nn import _opmath, _vjp
+from ..bridge.dtypes import canonical_int
+from .nn import _opmath, _scatter_by_index, _vjp
 from .registry import register
 
 aten = torch.ops.aten
@@ -358,3 +363,73 @@ def _grid_sampler_backward(forward):
 
 register(aten.grid_sampler_2d_backward.default)(_grid_sampler_backward(grid_sampler_2d))
 register(aten.grid_sampler_3d_backward.default)(_grid_sampler_backward(grid_sampler_3d))
+
+
+# ---- fractional max pooling -------------------------------------------------------------------
+def _fractional_starts(sample, in_size: int, out_size: int, pool: int):
+    """Window starts (..., out_size) for per-plane samples (...) in [0, 1), in torch's float32
+    arithmetic (`generate_intervals` in ATen's FractionalMaxPool2d.cpp); the last window ends
+    at the input's end."""
+    last = jnp.full(sample.shape + (1,), in_size - pool, jnp.int32)
+    if out_size == 1:
+        return last
+    alpha = np.float32(in_size - pool) / np.float32(out_size - 1)
+    s = sample.astype(jnp.float32)[..., None]
+    i = jnp.arange(out_size - 1, dtype=jnp.float32)
+    starts = ((i + s) * alpha).astype(jnp.int32) - (s * alpha).astype(jnp.int32)
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, random_samples, sample_axes, slack=0):
+    """(values, flat spatial indices) of the max over pseudo-random windows whose starts come from
+    `random_samples` (N, C, n); `sample_axes[j]` is the spatial axis that sample j places. Like torch,
+    refuses windows that reach past the input's end by more than `slack` (0 in 2-d, -1 in 3-d)."""
+    n = len(kernel_size)
+    batched = x.ndim == n + 2
+    x = x if batched else x[None]
+    N, C, *S = x.shape
+    k, out = [int(v) for v in kernel_size], [int(v) for v in output_size]
+    if any(o + kk - 1 > s + slack for o, kk, s in zip(out, k, S)):
+        raise ValueError(f"fractional_max_pool: output_size {out} + kernel_size {k} - 1 is too large for input {S}")
+    idx = 0
+    for j, ax in enumerate(sample_axes):
+        starts = _fractional_starts(random_samples[..., j], S[ax], out[ax], k[ax])  # (N, C, out[ax])
+        pos = starts[..., None] + jnp.arange(k[ax])  # (N, C, out[ax], k[ax])
+        shape = [N, C] + [1] * (2 * n)
+        shape[2 + ax], shape[2 + n + ax] = out[ax], k[ax]
+        stride = math.prod(S[ax + 1:])
+        idx = idx + (pos * stride).reshape(shape)
+    idx = jnp.broadcast_to(idx, (N, C, *out, *k)).reshape(N, C, -1)
+    vals = jnp.take_along_axis(x.reshape(N, C, -1), idx, axis=2).reshape(N, C, *out, -1)
+    idx = idx.reshape(vals.shape)
+    # torch keeps the first maximum, except that every NaN replaces the running maximum
+    nan = jnp.isnan(vals)
+    last_nan = vals.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+    sel = jnp.where(jnp.any(nan, axis=-1), last_nan, jnp.argmax(vals, axis=-1))[..., None]
+    values = jnp.take_along_axis(vals, sel, axis=-1)[..., 0]
+    indices = jnp.take_along_axis(idx, sel, axis=-1)[..., 0].astype(canonical_int())
+    return (values, indices) if batched else (values[0], indices[0])
+
+
+@register(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    """`F.fractional_max_pool2d` given its samples: (values, flat h * W + w indices). Sample 0 places
+    the windows along W, sample 1 along H. Deterministic: `torch.rand`, which draws the samples
+    inside `F.fractional_max_pool2d`, cannot reproduce torch's own stream."""
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, (1, 0))
+
+
+@register(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    """`F.fractional_max_pool3d` given its samples: samples 0, 1, 2 place the windows along T, H, W."""
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, (0, 1, 2), slack=-1)
+
+
+@register(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_by_index(grad_output, self, indices, 2)
+
+
+@register(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_by_index(grad_output, self, indices, 3)

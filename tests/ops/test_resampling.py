@@ -105,3 +105,40 @@ def test_grid_sample_2d_device_backward():
     x, g = torch.randn(2, 2, 5, 6, generator=gen), torch.rand(2, 3, 4, 2, generator=gen) * 2.2 - 1.1
     fn = lambda x, g: F.grid_sample(x, g, mode="bicubic", padding_mode="border", align_corners=True)  # noqa: E731
     _device_backward_check(fn, x, g)
+
+
+# ---- fractional max pooling (given torch's own random samples) --------------------------------
+@pytest.mark.parametrize("shape,kernel,out", [((2, 3, 11, 9), (3, 2), (5, 4)), ((3, 10, 10), 2, (5, 7)),
+                                              ((1, 2, 7, 8), 1, (7, 8)), ((2, 1, 5, 6), (2, 3), 1)])
+def test_fractional_max_pool2d(shape, kernel, out):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(shape, generator=gen)
+    x.view(-1)[5] = float("nan")  # torch's NaN rule: every NaN in a window replaces the running max
+    r = torch.rand(shape[0] if len(shape) == 4 else 1, shape[-3], 2, generator=gen)
+    fn = lambda x, r: F.fractional_max_pool2d(x, kernel, output_size=out, return_indices=True,  # noqa: E731
+                                              _random_samples=r)
+    check(fn, x, r, tol=0)
+    x = torch.randn(shape, generator=gen)
+    _grad_check(lambda x: fn(x, r)[0], x)
+    _device_backward_check(lambda x: fn(x, r.to(x.device))[0], x)
+
+
+@pytest.mark.parametrize("shape,kernel,out", [((2, 3, 7, 9, 8), (2, 3, 2), (4, 5, 3)), ((3, 6, 6, 6), 2, (3, 4, 4))])
+def test_fractional_max_pool3d(shape, kernel, out):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=gen)
+    r = torch.rand(shape[0] if len(shape) == 5 else 1, shape[-4], 3, generator=gen)
+    fn = lambda x, r: F.fractional_max_pool3d(x, kernel, output_size=out, return_indices=True,  # noqa: E731
+                                              _random_samples=r)
+    check(fn, x, r, tol=0)
+    _grad_check(lambda x: fn(x, r)[0], x)
+    _device_backward_check(lambda x: fn(x, r.to(x.device))[0], x)
+
+
+def test_fractional_max_pool3d_refuses_windows_past_the_end_like_torch():
+    x, r = torch.randn(1, 1, 6, 6, 6), torch.full((1, 1, 3), 0.5)
+    with pytest.raises(RuntimeError):
+        torch.ops.aten.fractional_max_pool3d(x, [2, 2, 2], [5, 5, 5], r)
+    with pytest.raises(ValueError, match="too large"):
+        jaxtorch.call_torch(lambda x, r: torch.ops.aten.fractional_max_pool3d(x, [2, 2, 2], [5, 5, 5], r),
+                            to_jax(x), to_jax(r))
