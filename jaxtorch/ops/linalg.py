@@ -406,7 +406,7 @@ def ormqr(a, tau, c, left=True, transpose=False):
 def linalg_eigh(a, UPLO="L", compute_v=True):
     # Only the UPLO triangle is read; the gradient is Hermitian, as torch's.
     sym = _sym_from_lower(a if UPLO == "L" else _mH(a))
-    v, w = lax_linalg.eigh(sym, lower=True, symmetrize_input=False)
+    v, w = lax_linalg.eigh(sym, lower=UPLO == "L", symmetrize_input=False)  # LAPACK reads torch's triangle
     return (w, v) if compute_v else (w, _empty(a.dtype))
 
 
