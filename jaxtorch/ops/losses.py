@@ -286,3 +286,119 @@ def linear_cross_entropy_batch_chunked_no_reduction(input, linear_weight, target
 if _LCE is not None:
     register(_LCE)(linear_cross_entropy_batch_chunked)
     register(_LCE_NONE)(linear_cross_entropy_batch_chunked_no_reduction)
+
+
+# ---- ctc --------------------------------------------------------------------------------------
+def _logsumexp(*xs: jax.Array) -> jax.Array:
+    """log(sum(exp(x))) of same-shaped arrays, -inf where all are -inf, with finite gradients there."""
+    m = functools.reduce(jnp.maximum, xs)
+    m = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
+    s = sum(jnp.exp(x - m) for x in xs)
+    return jnp.where(s > 0, jnp.log(jnp.where(s > 0, s, 1)), -jnp.inf) + m
+
+
+def _ctc_padded_targets(targets, target_lengths, s_max):
+    """(N, s_max) labels from (N, S) padded or 1-D concatenated targets."""
+    if targets.ndim == 2:
+        t = targets[:, :s_max]
+        return jnp.pad(t, ((0, 0), (0, s_max - t.shape[1]))) if t.shape[1] < s_max else t
+    starts = jnp.cumsum(target_lengths) - target_lengths
+    pos = jnp.clip(starts[:, None] + jnp.arange(s_max), 0, max(targets.shape[0] - 1, 0))
+    return targets[pos] if targets.shape[0] else jnp.zeros(pos.shape, targets.dtype)
+
+
+def _ctc_forward(log_probs, labels, input_lengths, target_lengths, blank):
+    """(nll (N,), log_alpha (N, T, 2S+1)): the CTC forward recursion in log space over time.
+
+    `labels` is (N, S); positions s > 2 * target_length and times t >= input_length of
+    log_alpha are -inf (torch leaves them uninitialized).
+    """
+    T, N, _ = log_probs.shape
+    S = 2 * labels.shape[1] + 1
+    s_idx = jnp.arange(S)
+    ext = jnp.full((N, S), blank, jnp.int32).at[:, 1::2].set(labels.astype(jnp.int32))
+    # torch's skip transition s-2 -> s: odd s > 1 whose label differs from the one at s-2
+    skip = (s_idx % 2 == 1) & (s_idx > 1) & (ext != jnp.roll(ext, 2, axis=1))
+    lp = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (T, N, S)), axis=2)  # (T, N, S)
+    neg = jnp.full((N, 1), -jnp.inf, lp.dtype)
+    alpha0 = jnp.where((s_idx == 0) | ((s_idx == 1) & (target_lengths[:, None] > 0)), lp[0], -jnp.inf)
+
+    def step(prev, lp_t):
+        prev1 = jnp.concatenate([neg, prev[:, :-1]], axis=1)
+        prev2 = jnp.where(skip, jnp.concatenate([neg, neg, prev[:, :-2]], axis=1), -jnp.inf)
+        cur = _logsumexp(prev, prev1, prev2) + lp_t
+        return cur, cur
+
+    _, rest = lax.scan(step, alpha0, lp[1:])
+    alpha = jnp.concatenate([alpha0[None], rest], axis=0)                       # (T, N, S)
+    last_t = jnp.clip(input_lengths - 1, 0, T - 1).astype(jnp.int32)
+    final = alpha[last_t, jnp.arange(N)]                                         # (N, S)
+    end = (2 * target_lengths).astype(jnp.int32)
+    l1 = jnp.take_along_axis(final, end[:, None], axis=1)[:, 0]
+    l2 = jnp.where(target_lengths > 0, jnp.take_along_axis(final, jnp.maximum(end - 1, 0)[:, None], axis=1)[:, 0],
+                   -jnp.inf)
+    nll = -_logsumexp(l1, l2)
+    valid = (jnp.arange(T)[:, None, None] < input_lengths[None, :, None]) & (s_idx <= end[:, None])[None]
+    return nll, jnp.where(valid, alpha, -jnp.inf).transpose(1, 0, 2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _ctc(log_probs, labels, input_lengths, target_lengths, blank, zero_infinity):
+    return _ctc_forward(log_probs, labels, input_lengths, target_lengths, blank)
+
+
+def _ctc_fwd(log_probs, labels, input_lengths, target_lengths, blank, zero_infinity):
+    out = _ctc_forward(log_probs, labels, input_lengths, target_lengths, blank)
+    return out, (log_probs, labels, input_lengths, target_lengths, out[0])
+
+
+def _ctc_bwd(blank, zero_infinity, res, cotangents):
+    # torch's gradient is exp(lp) - exp(log(alpha*beta) + nll - lp) per time step t < input_length:
+    # the true gradient (the second term) plus exp(lp), i.e. it assumes lp = log_softmax(logits).
+    log_probs, labels, input_lengths, target_lengths, nll = res
+    g = cotangents[0]
+    f = lambda lp: _ctc_forward(lp, labels, input_lengths, target_lengths, blank)[0]  # noqa: E731
+    (true_grad,) = _vjp(f, (log_probs,), g)
+    live = jnp.arange(log_probs.shape[0])[:, None, None] < input_lengths[None, :, None]
+    grad = true_grad + jnp.where(live, jnp.exp(log_probs) * g[None, :, None], 0)
+    inf = jnp.isinf(nll)[None, :, None]
+    grad = jnp.where(inf, 0 if zero_infinity else jnp.nan, grad).astype(log_probs.dtype)
+    return grad, None, None, None
+
+
+_ctc.defvjp(_ctc_fwd, _ctc_bwd)
+
+
+def _ctc_lengths(lengths, n):
+    return jnp.broadcast_to(jnp.asarray(lengths, dtype=jnp.int32), (n,))
+
+
+@register(aten._ctc_loss.default, aten._ctc_loss.Tensor)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """(neg_log_likelihood (N,), log_alpha (N, T, 2S+1)) of the CTC loss (Graves et al. 2006).
+
+    With `int[]` lengths S is max(target_lengths), as in torch; with tensor lengths (which may be
+    traced) S is the static bound targets.shape[1] (padded) or targets.shape[0] (concatenated).
+    The gradient is torch's (see `_ctc_bwd`).
+    """
+    unbatched = log_probs.ndim == 2
+    if unbatched:
+        log_probs, targets = log_probs[:, None], targets.reshape(1, -1) if targets.ndim == 1 else targets
+    n = log_probs.shape[1]
+    if isinstance(target_lengths, (list, tuple)):
+        s_max = max(target_lengths, default=0)
+    else:
+        s_max = targets.shape[1] if targets.ndim == 2 else targets.shape[0]
+    il, tl = _ctc_lengths(input_lengths, n), _ctc_lengths(target_lengths, n)
+    labels = _ctc_padded_targets(targets, tl, s_max)
+    nll, log_alpha = _ctc(log_probs, labels, il, tl, blank, zero_infinity)
+    if unbatched:
+        return nll[0], log_alpha[0]
+    return nll, log_alpha
+
+
+@register(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                       blank, zero_infinity=False):
+    f = lambda lp: _ctc_loss(lp, targets, input_lengths, target_lengths, blank, zero_infinity)[0]  # noqa: E731
+    return _vjp(f, (log_probs,), grad)[0]

@@ -840,6 +840,111 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
 
 
+def _bags(indices, offsets, include_last_offset):
+    """(bag of each index (n,), number of bags): bag b holds indices[offsets[b]:offsets[b+1]]; with
+    include_last_offset the last offset is dropped and the last bag runs to the end, as in torch."""
+    n_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    starts = offsets[:n_bags].astype(jnp.int32)
+    bag = jnp.searchsorted(starts, jnp.arange(indices.shape[0], dtype=jnp.int32), side="right") - 1
+    return bag.astype(jnp.int32), n_bags
+
+
+def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
+                   forward_only):
+    """(output, offset2bag, bag_size, max_indices), shaped as torch's CPU kernel returns them."""
+    idx = indices.astype(jnp.int32)
+    bag, n_bags = _bags(indices, offsets, include_last_offset)
+    keep = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else jnp.ones(idx.shape, bool)
+    rows = jnp.take(weight, idx, axis=0)                                                  # (n, D)
+    count = jax.ops.segment_sum(keep.astype(jnp.int32), bag, n_bags)
+    ints = canonical_int()
+    if mode == 0:  # sum
+        fast = padding_idx is None or padding_idx < 0  # torch's fast path computes no offset2bag
+        w = keep.astype(weight.dtype) if per_sample_weights is None else jnp.where(keep, per_sample_weights, 0)
+        out = jax.ops.segment_sum(rows * w[:, None].astype(rows.dtype), bag, n_bags)
+        size = jnp.zeros((offsets.shape[0] if forward_only else n_bags,), ints)
+        offset2bag = jnp.zeros((0,), jnp.int32) if fast else bag
+        return out, offset2bag.astype(ints), size, size
+    if mode == 1:  # mean
+        total = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), bag, n_bags)
+        out = total / jnp.maximum(count, 1)[:, None].astype(total.dtype)
+        return out, bag.astype(ints), count.astype(ints), count.astype(ints)
+    # max: the first index holding each feature's maximum (torch's strict `>` scan)
+    masked = jnp.where(keep[:, None], rows, -jnp.inf)
+    best = jax.ops.segment_max(masked, bag, n_bags)                                       # (B, D)
+    n = idx.shape[0]
+    first = jnp.where(keep[:, None] & (masked == best[bag]), jnp.arange(n)[:, None], n)
+    pos = jax.ops.segment_min(first, bag, n_bags)                                         # (B, D)
+    empty = (count == 0)[:, None]
+    pos = jnp.where(empty, 0, pos)
+    out = jnp.where(empty, 0, jnp.take_along_axis(rows, pos, axis=0)) if n else jnp.zeros(best.shape, rows.dtype)
+    max_indices = jnp.where(empty, 0, idx[pos] if n else 0)
+    return out, bag.astype(ints), count.astype(ints), max_indices.astype(ints)
+
+
+@register(aten._embedding_bag_forward_only.default)
+def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                                per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """`F.embedding_bag` without torch autograd: per-bag sum / mean / max of embedding rows.
+
+    Bags are static in number (offsets' length); indices map to bags with a sorted search, and
+    the reductions are segment sums / maxes, so it traces under `jax.jit`.
+    """
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
+                          True)
+
+
+@register(aten._embedding_bag.default)
+def _embedding_bag_lowering(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                            per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
+                          False)
+
+
+@register(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    """Gradient for the weight: each bag's gradient scattered to the rows that made it."""
+    idx = indices.astype(jnp.int32)
+    keep = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else jnp.ones(idx.shape, bool)
+    if mode == 2:
+        rows = maximum_indices.astype(jnp.int32)                                          # (B, D)
+        g = jnp.where((bag_size > 0)[:, None], grad, 0)
+        cols = jnp.broadcast_to(jnp.arange(grad.shape[1]), rows.shape)
+        return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[rows, cols].add(g)
+    bag = offset2bag.astype(jnp.int32)
+    g = grad[bag]
+    if mode == 1:
+        g = g / jnp.maximum(bag_size[bag], 1)[:, None].astype(g.dtype)
+    elif per_sample_weights is not None:
+        g = g * per_sample_weights[:, None].astype(g.dtype)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    g = jnp.where(keep[:, None], g, 0)
+    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[idx].add(g)
+
+
+@register(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if offset2bag.shape[0] != indices.shape[0]:  # torch's sum fast path returns no offset2bag
+        offset2bag = _bags(indices, offsets[:grad.shape[0]], False)[0]
+    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@register(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """Gradient for per_sample_weights (sum mode): <grad of its bag, its embedding row>."""
+    idx = indices.astype(jnp.int32)
+    bag = offset2bag.astype(jnp.int32)
+    out = jnp.sum(grad[bag] * jnp.take(weight, idx, axis=0).astype(grad.dtype), axis=1)
+    if padding_idx is not None and padding_idx >= 0:
+        out = jnp.where(idx == padding_idx, 0, out)
+    return out
+
+
 @register(aten.one_hot.default)
 def one_hot(self, num_classes=-1):
     if num_classes == -1:
