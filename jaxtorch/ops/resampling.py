@@ -263,9 +263,10 @@ def _pad_coord(coord, size, padding_mode, align_corners):
     return coord
 
 
-def _taps(input, coords):
-    """Values of `input` (N, C, *S) at integer `coords` (one (N, *G) array per spatial axis, in the
-    order of S), as one gather from the flattened image; zero where a coordinate is outside."""
+def _weighted_taps(input, coords, weights=None):
+    """sum over k of `weights[:, k]` times `input` (N, C, *S) at the integer coordinates
+    `coords[:, k]` (one (N, K, *G) array per spatial axis, in the order of S), a tap outside the
+    image counting zero. All K taps are one gather from the flattened image."""
     N, C, *S = input.shape
     inside, idx = True, 0
     for c, size in zip(coords, S):
@@ -273,7 +274,10 @@ def _taps(input, coords):
         idx = idx * size + jnp.clip(c, 0, size - 1).astype(jnp.int32)
     idx = idx.reshape(N, 1, -1)
     vals = jnp.take_along_axis(input.reshape(N, C, -1), jnp.broadcast_to(idx, (N, C, idx.shape[-1])), axis=2)
-    return jnp.where(inside.reshape(N, 1, -1), vals, 0).reshape((N, C) + coords[0].shape[1:])
+    vals = vals.reshape((N, C) + coords[0].shape[1:])
+    if weights is not None:
+        vals = vals * weights[:, None]
+    return jnp.sum(jnp.where(inside[:, None], vals, 0), axis=2)
 
 
 def _source_coords(input, grid, padding_mode, align_corners, pad=True):
@@ -294,14 +298,14 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     a weighted sum of the 2^n corner taps, or the tap at the rounded (half to even) coordinate."""
     coords = _source_coords(input, grid, padding_mode, align_corners)
     if interpolation_mode == 1:
-        return _taps(input, [jnp.round(c) for c in coords]).astype(input.dtype)
+        return _weighted_taps(input, [jnp.round(c)[:, None] for c in coords]).astype(input.dtype)
     lo = [jnp.floor(c) for c in coords]
     frac = [c - f for c, f in zip(coords, lo)]
-    out = 0
-    for corner in itertools.product((0, 1), repeat=len(coords)):
-        w = functools.reduce(jnp.multiply, [t if b else 1 - t for t, b in zip(frac, corner)])
-        out = out + _taps(input, [f + b for f, b in zip(lo, corner)]) * w[:, None]
-    return out.astype(input.dtype)
+    corners = list(itertools.product((0, 1), repeat=len(coords)))
+    taps = [jnp.stack([f + corner[ax] for corner in corners], axis=1) for ax, f in enumerate(lo)]
+    weights = jnp.stack([functools.reduce(jnp.multiply, [t if b else 1 - t for t, b in zip(frac, corner)])
+                         for corner in corners], axis=1)
+    return _weighted_taps(input, taps, weights).astype(input.dtype)
 
 
 def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
@@ -309,7 +313,6 @@ def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
     iy, ix = _source_coords(input, grid, padding_mode, align_corners, pad=False)
     H, W = input.shape[2:]
     x0, y0 = jnp.floor(ix), jnp.floor(iy)
-    tx, ty = ix - x0, iy - y0
     a = -0.75
 
     def coeffs(t):
@@ -317,16 +320,13 @@ def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
         c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
         return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
 
-    cx, cy = coeffs(tx), coeffs(ty)
-    out = 0
-    for j in range(4):
-        yy = _pad_coord(y0 - 1 + j, H, padding_mode, align_corners)
-        row = 0
-        for i in range(4):
-            xx = _pad_coord(x0 - 1 + i, W, padding_mode, align_corners)
-            row = row + _taps(input, [yy, xx]) * cx[i][:, None]
-        out = out + row * cy[j][:, None]
-    return out.astype(input.dtype)
+    cx, cy = coeffs(ix - x0), coeffs(iy - y0)
+    xs = [_pad_coord(x0 - 1 + i, W, padding_mode, align_corners) for i in range(4)]
+    ys = [_pad_coord(y0 - 1 + j, H, padding_mode, align_corners) for j in range(4)]
+    taps = [jnp.stack([ys[j] for j in range(4) for i in range(4)], axis=1),
+            jnp.stack([xs[i] for j in range(4) for i in range(4)], axis=1)]
+    weights = jnp.stack([cy[j] * cx[i] for j in range(4) for i in range(4)], axis=1)
+    return _weighted_taps(input, taps, weights).astype(input.dtype)
 
 
 @register(aten.grid_sampler_2d.default)
