@@ -67,6 +67,11 @@ def _torch_name(dtype) -> str:
     return str(to_torch_dtype(dtype)).replace("torch.", "")
 
 
+def _scalar_type_name(dtype) -> str:
+    """ATen's name of a dtype in "not implemented for 'Long'" errors."""
+    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch."):-len("Tensor")]
+
+
 def _require_float(name: str, a, dtype=None) -> None:
     if category(dtype if dtype is not None else a.dtype) < _FLOAT:
         raise RuntimeError(
@@ -619,7 +624,7 @@ def mode(a, dim=-1, keepdim=False):
 def histc(a, bins=100, min=0, max=0):
     """`torch.histc`: `bins` equal-width bins over [min, max] (the data's range when min == max)."""
     if category(a.dtype) < _FLOAT:
-        raise RuntimeError(f"\"histogram_cpu\" not implemented for '{_torch_name(a.dtype).capitalize()}'")
+        raise RuntimeError(f"\"histogram_cpu\" not implemented for '{_scalar_type_name(a.dtype)}'")
     lo, hi = jnp.asarray(min, a.dtype), jnp.asarray(max, a.dtype)
     if min == max and a.size:
         lo, hi = jnp.min(a), jnp.max(a)
@@ -689,7 +694,7 @@ def histogram_edges(a, bins, *, weight=None, density=False):
 def _points(a):
     """histogramdd's input (..., D) as (M, D) points."""
     if category(a.dtype) < _FLOAT:
-        raise RuntimeError(f"\"histogramdd\" not implemented for '{_torch_name(a.dtype).capitalize()}'")
+        raise RuntimeError(f"\"histogramdd\" not implemented for '{_scalar_type_name(a.dtype)}'")
     return a.reshape(-1, a.shape[-1])
 
 
@@ -704,7 +709,7 @@ def histogramdd_bin_edges(a, bins, *, range=None, weight=None, density=False):
         lo = jnp.asarray(range[0::2], points.dtype)
         hi = jnp.asarray(range[1::2], points.dtype)
     elif points.shape[0] == 0:
-        lo = hi = jnp.zeros((points.shape[1],), points.dtype)
+        lo, hi = jnp.zeros((points.shape[1],), points.dtype), jnp.ones((points.shape[1],), points.dtype)
     else:
         lo, hi = jnp.min(points, axis=0), jnp.max(points, axis=0)
     same = lo == hi
@@ -814,7 +819,7 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     **Example:** `segment_reduce(x, "sum", lengths=torch.tensor([2, 0, 3]))` on 5 values -> 3 sums.
     """
     if category(data.dtype) < _FLOAT:
-        raise RuntimeError(f"\"_segment_reduce_cpu\" not implemented for '{_torch_name(data.dtype).capitalize()}'")
+        raise RuntimeError(f"\"_segment_reduce_cpu\" not implemented for '{_scalar_type_name(data.dtype)}'")
     if indices is not None:
         raise RuntimeError("segment_reduce(): indices based reduction is not supported yet.")
     if lengths is None:
