@@ -13,6 +13,7 @@ import torch
 from . import pytrees, scopes
 from .convert import jax_view, to_jax, torch_view, tree_map
 from .environment import default_env
+from .precision import matmul_precision
 from .random import key_scope
 from .tensor import JaxTensor
 
@@ -44,7 +45,7 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
 
 def _run_torch(fn: Callable, targs, tkwargs, rng) -> Any:
     """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result."""
-    with default_env(jax_by_default=True), key_scope(rng):
+    with default_env(jax_by_default=True), key_scope(rng), matmul_precision():
         out = fn(*targs, **tkwargs)
     out = jax_view(_jaxify_leftovers(out))
     pytrees.ensure_registered(out)

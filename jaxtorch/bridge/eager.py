@@ -31,6 +31,7 @@ _MAX = 20000
 _cache: dict[Any, Callable | None] = {}
 _lock = threading.Lock()
 from .errors import MissingKeyError  # noqa: E402
+from .precision import matmul_precision  # noqa: E402
 
 _NOT_JITTABLE = (
     MissingKeyError,  # a lowering that draws a key only for some arguments (sdpa with dropout)
@@ -114,7 +115,8 @@ def _make(lowering: Callable, skel_a, skel_k) -> Callable:
         it = iter(dyn)
         args = _fill(skel_a, it)
         kwargs = dict(_fill(skel_k, it)) if skel_k else {}
-        return lowering(*args, **kwargs)
+        with matmul_precision():
+            return lowering(*args, **kwargs)
 
     return jax.jit(call)
 
@@ -135,7 +137,8 @@ def jit_positional(lowering: Callable, sig: list) -> Callable:
 
     def call(*arrays):
         it = iter(arrays)
-        return lowering(*[next(it) if s is None else v for s, v in zip(sig, statics)])
+        with matmul_precision():
+            return lowering(*[next(it) if s is None else v for s, v in zip(sig, statics)])
 
     return jax.jit(call)
 
