@@ -414,8 +414,37 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
 
 
 # `native_batch_norm` (what `nn.BatchNorm*d` emits) updates running_mean/var in place although its
-# schema does not mark them mutable, so a pure lowering cannot express it: it runs through torch's
-# decomposition, which writes the new statistics with `copy_`. Its functional siblings are lowered here.
+# schema does not mark them mutable, and `_native_batch_norm_legit` returns fresh tensors besides the
+# statistics it writes, so neither fits a pure lowering. On the `jax` device both run, at the autograd
+# level, as ops that do: the functional variants lowered below, then `copy_` of the new statistics.
+# (torch's own decomposition would return (C,)-shaped save_mean/invstd in eval mode off the CPU.)
+def _batch_norm_autograd(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """`native_batch_norm` / `_native_batch_norm_legit` on the `jax` device, recorded by torch autograd
+    through ops with derivative formulas; returns (out, save_mean, save_invstd) shaped as on CPU."""
+    if running_mean is None and running_var is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    if not training:
+        return aten._native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum,
+                                                        eps)
+    # autograd saves the statistics it is given: hand it copies, the originals are written below
+    out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
+        input, weight, bias, running_mean.clone(), running_var.clone(), True, momentum, eps)
+    with torch.no_grad():
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
+    return out, mean, invstd
+
+
+_bn_lib = torch.library.Library("aten", "IMPL")
+_bn_lib.impl("native_batch_norm", _batch_norm_autograd, "AutogradPrivateUse1")
+_bn_lib.impl("_native_batch_norm_legit", _batch_norm_autograd, "AutogradPrivateUse1")
+
+
+@register(aten._native_batch_norm_legit.no_stats)
+def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    if not training:
+        raise RuntimeError("batch_norm in eval mode needs running_mean and running_var")
+    return _batch_norm(input, weight, bias, None, None, True, momentum, eps)[:3]
 
 
 @register(aten._native_batch_norm_legit_functional.default)
