@@ -112,6 +112,34 @@ QUICKSTART = [
     g_jax, g_torch = model_jax.conv1.weight.grad, model.conv1.weight.grad
     print("conv1.weight.grad on", g_jax.device, "| max |jax - torch| =", float((g_jax.cpu() - g_torch).abs().max()))
     model.zero_grad()
+    """),
+    md("""
+    A whole torch train step compiles into one XLA program with `@jaxtorch.jit`: modules and optimizers
+    passed in are state, so their parameters, `.grad`s and optimizer state (Adam's moments and step) go in
+    and come out of the program, and the updates land on the objects as if torch had run eagerly. The first
+    step compiles twice (it creates the optimizer state); after that nothing retraces.
+    """),
+    code("""
+    import torch.nn.functional as F
+
+    opt = torch.optim.Adam(model_jax.parameters(), lr=1e-3)
+
+
+    @jaxtorch.jit
+    def train_step(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+
+    model_jax.train()
+    y = torch.randint(0, 10, (4,))
+    losses = [float(train_step(model_jax, opt, x, y).cpu()) for _ in range(5)]
+    print("losses:", [round(l, 4) for l in losses], "| compilations:", train_step.compilations)
+    print("Adam state:", sorted(opt.state[model_jax.conv1.weight]), "on", opt.state[model_jax.conv1.weight]["exp_avg"].device)
+    model_jax.eval()
     jaxtorch.disable_globally()   # back to plain PyTorch for the rest of the notebook
     """),
     md("""
