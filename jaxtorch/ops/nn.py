@@ -788,6 +788,37 @@ def leaky_relu(self, negative_slope=0.01):
     return jnp.where(self > 0, self, self * negative_slope).astype(self.dtype)
 
 
+@register(aten.rrelu_with_noise_functional.default, random=True)
+def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key):
+    """(out, noise): in training each x <= 0 is scaled by a slope drawn from U(lower, upper), which
+    `noise` records (1 elsewhere); in eval the slope is (lower + upper) / 2 and noise is unchanged."""
+    if not training:
+        return jnp.where(self > 0, self, self * ((lower + upper) / 2)).astype(self.dtype), noise
+    slope = jax.random.uniform(key, self.shape, _opmath(self).dtype, lower, upper)
+    new_noise = jnp.where(self <= 0, slope, 1).astype(noise.dtype)
+    return (self * new_noise).astype(self.dtype), new_noise
+
+
+# `rrelu_with_noise` writes `noise` yet returns a fresh tensor, which a pure lowering cannot express:
+# on the `jax` device it runs, at the autograd level, as its functional variant plus `copy_`.
+def _rrelu_with_noise_autograd(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    if not training:
+        return aten.leaky_relu(self, (lower + upper) / 2)
+    with torch.no_grad():  # (the functional op's derivative reads the old noise; x * slope's does not)
+        _, new_noise = aten.rrelu_with_noise_functional(self, noise, lower, upper, True, generator)
+        noise.copy_(new_noise)
+    return self * new_noise
+
+
+def _rrelu_with_noise_inplace_autograd(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    return self.copy_(_rrelu_with_noise_autograd(self, noise, lower, upper, training, generator))
+
+
+_rrelu_lib = torch.library.Library("aten", "IMPL")
+_rrelu_lib.impl("rrelu_with_noise", _rrelu_with_noise_autograd, "AutogradPrivateUse1")
+_rrelu_lib.impl("rrelu_with_noise_", _rrelu_with_noise_inplace_autograd, "AutogradPrivateUse1")
+
+
 @register(aten.leaky_relu_backward.default)
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     return jnp.where(self > 0, grad_output, grad_output * negative_slope).astype(grad_output.dtype)

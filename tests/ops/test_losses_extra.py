@@ -219,3 +219,69 @@ def test_embedding_bag_backward_ops_on_jax_device(mode):
         return tuple(grads)
 
     check(fn, w, _IDX, _OFF, psw, jit=False, tol=1e-5)
+
+
+# ---- rrelu ------------------------------------------------------------------------------------
+def test_rrelu_eval_exact():
+    x = torch.linspace(-3, 3, 13)
+    fn = lambda x: F.rrelu(x, 0.1, 0.4, training=False)  # noqa: E731
+    check(fn, x, tol=1e-6)
+    _grad_check(fn, x)
+
+
+def test_rrelu_training_draws_slopes_and_records_noise():
+    """Random, so not comparable with torch's draws: slopes lie in [lower, upper), the noise buffer
+    holds them (1 for x > 0), and both torch autograd and jax.grad return the slope."""
+    x = jnp_x = to_jax(torch.linspace(-3, 3, 13))
+
+    def fn(x):
+        noise = torch.empty_like(x)
+        xg = x.clone().requires_grad_()
+        y = torch.ops.aten.rrelu_with_noise(xg, noise, 0.1, 0.4, True)
+        (g,) = torch.autograd.grad(y.sum(), xg)
+        return y, noise, g
+
+    y, noise, g = jaxtorch.call_torch(fn, jnp_x, rng=jax.random.key(0))
+    y, noise, g, x = map(np.asarray, (y, noise, g, x))
+    neg = x <= 0
+    assert np.all((noise[neg] >= 0.1) & (noise[neg] < 0.4)) and np.all(noise[~neg] == 1)
+    assert len(np.unique(noise[neg])) > 1
+    np.testing.assert_allclose(y, x * noise, rtol=1e-6)
+    np.testing.assert_allclose(g, noise, rtol=1e-6)
+    jg = jax.grad(lambda x: jaxtorch.call_torch(lambda t: F.rrelu(t, 0.1, 0.4, training=True), x,
+                                                rng=jax.random.key(0)).sum())(jnp_x)
+    assert np.all((np.asarray(jg)[neg] >= 0.1) & (np.asarray(jg)[neg] < 0.4)) and np.all(np.asarray(jg)[~neg] == 1)
+
+
+# ---- batch norm: torch's CPU output shapes, running statistics, autograd on the jax device ------
+@pytest.mark.parametrize("op", [aten.native_batch_norm.default, aten._native_batch_norm_legit.default])
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_outputs_and_running_stats(op, training):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+
+    def fn(x, w, b, rm, rv):
+        rm, rv = rm.clone(), rv.clone()
+        out = op(x, w, b, rm, rv, training, 0.3, 1e-5)
+        return (*out, rm, rv)  # save_mean/invstd are (0,) in eval, as on CPU
+
+    check(fn, x, w, b, rm, rv, tol=1e-5)
+
+
+def test_batch_norm_module_torch_autograd_on_jax_device():
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(3)
+    x = torch.randn(6, 3, 4)
+
+    def fn(x):
+        m = torch.nn.BatchNorm1d(3).to(x.device)
+        m.load_state_dict(bn.state_dict())
+        xg = x.clone().requires_grad_()
+        y = m(xg)
+        (gx, gw) = torch.autograd.grad((y * y).sum(), [xg, m.weight])
+        m.eval()
+        (ge,) = torch.autograd.grad(m(xg).sum() * 2, xg)
+        return y.detach(), gx, gw, ge, m.running_mean, m.running_var, m.num_batches_tracked
+
+    check(fn, x, jit=False, tol=1e-4)
