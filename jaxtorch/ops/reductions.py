@@ -580,15 +580,79 @@ def nanmedian_dim(a, dim, keepdim=False):
     return _median_dim(a, dim, keepdim, True)
 
 
+# torch's CPU kthvalue runs its own quickselect (Sedgewick's median-of-three partition), so among
+# equal values the index it returns is whichever that partitioning leaves at position k. The same
+# algorithm here, with each Hoare partition done as vector ops: the left pointer's stops (values
+# not below the pivot) pair up in order with the right pointer's stops (values not above it) and
+# swap until the pointers cross, so a row takes O(log n) expected loop steps of O(n) work.
+def _gt_or_nan(x, y):
+    """torch's quickselect order: NaN above everything, else `>`."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return (jnp.isnan(x) & ~jnp.isnan(y)) | (x > y)
+    return x > y
+
+
+def _swap(a, idx, p, q, cond=True):
+    """Swap positions `p` and `q` of values `a` and indices `idx` where `cond`."""
+    ap, aq, ip, iq = a[p], a[q], idx[p], idx[q]
+    a = a.at[p].set(jnp.where(cond, aq, ap)).at[q].set(jnp.where(cond, ap, aq))
+    idx = idx.at[p].set(jnp.where(cond, iq, ip)).at[q].set(jnp.where(cond, ip, iq))
+    return a, idx
+
+
+def _quickselect_step(state, k: int):
+    """One partition of torch's `quick_select_template` on the window [lo, hi] of a row."""
+    a, idx, lo, hi = state
+    n = a.shape[0]
+    a, idx = _swap(a, idx, (lo + hi) >> 1, lo + 1)  # median of three: a[lo+1] <= a[lo] <= a[hi]
+    a, idx = _swap(a, idx, lo + 1, hi, _gt_or_nan(a[lo + 1], a[hi]))
+    a, idx = _swap(a, idx, lo, hi, _gt_or_nan(a[lo], a[hi]))
+    a, idx = _swap(a, idx, lo + 1, lo, _gt_or_nan(a[lo + 1], a[lo]))
+    piv, pos = a[lo], jnp.arange(n)
+    left = (pos >= lo + 2) & (pos <= hi) & ~_gt_or_nan(piv, a)  # where `i++` stops
+    right = (pos >= lo + 1) & (pos <= hi - 1) & ~_gt_or_nan(a, piv)  # where `j--` stops
+    left_at = jnp.full((n + 2,), n + 1).at[jnp.where(left, jnp.cumsum(left) - 1, n + 2)].set(pos, mode="drop")
+    right_rank = jnp.cumsum(right[::-1])[::-1] - 1
+    right_at = jnp.full((n + 2,), -1).at[jnp.where(right, right_rank, n + 2)].set(pos, mode="drop")
+    m = jnp.sum(left_at <= right_at)  # the swaps made before the pointers cross
+    done = jnp.arange(n + 2) < m
+    src = pos.at[jnp.where(done, left_at, n)].set(right_at, mode="drop")
+    src = src.at[jnp.where(done, right_at, n)].set(left_at, mode="drop")
+    a, idx = a[src], idx[src]
+
+    def at(arr, r, default):
+        return jnp.where(r >= 0, arr[jnp.clip(r, 0, n + 1)], default)
+
+    # where the pointers stop when they cross: at the next stop, or at the last swapped slot
+    # (two back when the last swap was a no-op of a pivot-equal value with itself)
+    back = jnp.where((m >= 1) & (at(left_at, m - 1, n + 1) == at(right_at, m - 1, -1)), 2, 1)
+    i = jnp.minimum(left_at[m], at(right_at, m - back, n + 1))
+    j = jnp.maximum(right_at[m], at(left_at, m - back, -1))
+    a, idx = _swap(a, idx, lo, j)
+    return a, idx, jnp.where(j <= k, i, lo), jnp.where(j >= k, j - 1, hi)
+
+
+def torch_quickselect_index(row, k: int):
+    """The index of `row`'s (k+1)-th smallest value that torch's CPU `kthvalue` returns (k 0-based)."""
+    n = row.shape[0]
+    state = (row, jnp.arange(n), jnp.asarray(0), jnp.asarray(n - 1))
+    a, idx, lo, hi = jax.lax.while_loop(lambda s: s[3] > s[2] + 1, lambda s: _quickselect_step(s, k), state)
+    nxt = jnp.minimum(lo + 1, n - 1)
+    a, idx = _swap(a, idx, lo, nxt, (hi == lo + 1) & _gt_or_nan(a[lo], a[nxt]))
+    return idx[k]
+
+
 @register(aten.kthvalue.default)
 def kthvalue(a, k, dim=-1, keepdim=False):
-    """`torch.kthvalue` -> (values, indices) of the k-th smallest element (1-based)."""
+    """`torch.kthvalue` -> (values, indices) of the k-th smallest element (1-based), ties as torch's CPU."""
     def fn(x, axis):
         _check_nonempty("kthvalue", x, (axis,))
         if not 1 <= k <= x.shape[axis]:
             raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {axis}")
-        order = stable_argsort(x, axis)
-        pos = jax.lax.slice_in_dim(order, k - 1, k, axis=axis)
+        rows = jnp.moveaxis(x, axis, -1)
+        flat = rows.reshape(-1, rows.shape[-1])
+        pos = jax.vmap(lambda r: torch_quickselect_index(r, k - 1))(flat).reshape(rows.shape[:-1] + (1,))
+        pos = jnp.moveaxis(pos, -1, axis)
         return _take(x, pos, axis, keepdim), _index(pos if keepdim else jnp.squeeze(pos, axis))
 
     return _along(a, dim, fn)

@@ -243,3 +243,24 @@ def test_eigh_reads_only_torchs_triangle(uplo):
     # eigenvectors agree up to sign (LAPACK implementations pick different signs; torch documents none)
     overlap = np.abs(np.sum(np.asarray(jv) * v.numpy(), axis=-2))
     np.testing.assert_allclose(overlap, np.ones_like(overlap), atol=1e-4)
+
+
+# ---- kthvalue: torch's quickselect picks the index among ties -----------------------------------
+@pytest.mark.parametrize("n", [1, 5, 33])
+@pytest.mark.parametrize("data", ["ints", "floats_with_nan"])
+def test_kthvalue_ties_pick_torchs_index(n, data):
+    gen = torch.Generator().manual_seed(n)
+    if data == "ints":
+        x = torch.randint(-3, 4, (40, n), generator=gen)
+    else:
+        x = torch.randint(-2, 3, (40, n), generator=gen).float()
+        x[torch.rand(40, n, generator=gen) < 0.2] = NAN
+    for k in sorted({1, n, (n + 1) // 2, max(1, n - 1)}):
+        check(lambda t: torch.kthvalue(t, k, dim=1), x)
+    check(lambda t: torch.kthvalue(t, (n + 1) // 2, dim=0, keepdim=True), x.T.contiguous())
+
+
+def test_kthvalue_gradient_goes_to_torchs_index():
+    x = torch.randint(-2, 3, (6, 9), generator=torch.Generator().manual_seed(12)).float()
+    ref, got = torch_grad(lambda t: torch.kthvalue(t, 4, dim=1)[0], x)
+    _compare.compare(ref, got, 1e-6)
