@@ -1,4 +1,5 @@
-"""Reduction lowerings: sums, means, extrema, statistics, norms, cumulative ops, order statistics.
+"""Reduction lowerings: sums, means, extrema, statistics, norms, cumulative ops, order statistics,
+histograms, segment reductions and `hash_tensor`.
 
 Torch's reduction semantics, kept here rather than in each op:
 

@@ -1,7 +1,12 @@
 """Sorting lowerings: sort/argsort, topk, searchsorted/bucketize, unique.
 
 Torch's ordering: NaN sorts as the largest value (last ascending, first descending),
-and jaxtorch's sorts are always stable, so ties keep their original order. Values are
+and jaxtorch's sorts are always stable, so ties keep their original order. Where torch's
+CPU kernels are not stable, their tie order is the C++ standard library's: `sort(stable=False)`
+over more than 16 elements (outside its radix path for 1-d int64) is `std::sort`, and `topk`
+is `std::nth_element`/`std::partial_sort`; that order is not reproduced here (it also differs
+between libstdc++ and libc++ builds). `kthvalue` is torch's own quickselect, which
+`reductions.kthvalue` does reproduce. Values are
 gathered from the input at the sorted indices, so gradients flow to those indices.
 `unique`-style ops have data-dependent output shapes: they run eagerly and raise
 `DataDependentError` under `jax.jit`.
