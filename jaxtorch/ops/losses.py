@@ -52,7 +52,10 @@ def _nll(self, target, weight, reduction, ignore_index):
     cdim = 0 if self.ndim == 1 else 1
     valid = target != ignore_index
     safe = jnp.where(valid, target, 0).astype(jnp.int32)
-    picked = jnp.take_along_axis(self, jnp.expand_dims(safe, cdim), axis=cdim).squeeze(cdim)
+    # A one-hot select-and-sum rather than a gather: XLA fuses it, and its gradient is a fused
+    # select instead of a scatter into a zero (N, C) array (slow on CPUs for large C).
+    hit = lax.broadcasted_iota(jnp.int32, self.shape, cdim) == jnp.expand_dims(safe, cdim)
+    picked = jnp.sum(jnp.where(hit, self, 0), axis=cdim)
     w = jnp.where(valid, 1, 0).astype(self.dtype) if weight is None else jnp.where(valid, weight[safe], 0)
     loss = -picked * w
     if reduction == 0:

@@ -654,8 +654,10 @@ def _safe_softmax(self, dim, dtype=None):
     x = _opmath(self if dtype is None else self.astype(dtype))
     if x.ndim == 0:
         return jnp.ones_like(x).astype(dtype or self.dtype)
-    out = jax.nn.softmax(x, axis=dim)
     masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
+    # fully masked rows softmax zeros instead of -inf (whose softmax is NaN), so no NaN
+    # reaches the gradient through the discarded branch of the `where`
+    out = jax.nn.softmax(jnp.where(masked, 0, x), axis=dim)
     return jnp.where(masked, 0, out).astype(dtype or self.dtype)
 
 
