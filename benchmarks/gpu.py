@@ -10,9 +10,7 @@ PyTorch's. Not part of the test suite (CI has no GPU).
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -23,17 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import jaxtorch  # noqa: E402
 from models import gpt2  # noqa: E402
-
-
-def interleaved(a, b, n: int, warmup: int = 3) -> tuple[float, float]:
-    """Median seconds of `a()` and `b()`, alternating calls (each call synchronizes)."""
-    for _ in range(warmup):
-        a(), b()
-    ta, tb = [], []
-    for _ in range(n):
-        t0 = time.perf_counter(); a(); ta.append(time.perf_counter() - t0)  # noqa: E702
-        t0 = time.perf_counter(); b(); tb.append(time.perf_counter() - t0)  # noqa: E702
-    return statistics.median(ta), statistics.median(tb)
+from run import interleaved  # noqa: E402  (its callables here synchronize the GPU themselves)
 
 
 def row(name: str, a: float, b: float, unit: float = 1e3, suffix: str = "ms") -> None:

@@ -80,6 +80,22 @@ def test_one_xla_program_with_the_head():
     assert "convolution" in hlo and "dot_general" in hlo
 
 
+def _nnx_step(x, y):
+    """A jitted nnx SGD step on cross-entropy; returns (loss, grads)."""
+    from flax import nnx
+
+    @nnx.jit
+    def step(model, opt):
+        def loss(m):
+            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+
+        l, g = nnx.value_and_grad(loss)(model)
+        opt.update(model, g)
+        return l, g
+
+    return step
+
+
 def test_frozen_backbone_in_flax_nnx():
     from flax import nnx
 
@@ -97,19 +113,9 @@ def test_frozen_backbone_in_flax_nnx():
             return self.head(jax.lax.stop_gradient(fn(self.backbone.get_value(), x)))
 
     model = Model()
-    x, y = _data()
     opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, opt):
-        def loss(m):
-            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
-
-        l, g = nnx.value_and_grad(loss)(model)
-        opt.update(model, g)
-        return l
-
-    losses = [float(step(model, opt)) for _ in range(5)]
+    step = _nnx_step(*_data())
+    losses = [float(step(model, opt)[0]) for _ in range(5)]
     assert losses[-1] < losses[0]
     for k, v in params.items():
         np.testing.assert_array_equal(np.asarray(model.backbone.get_value()[k]), np.asarray(v))
@@ -132,15 +138,7 @@ def test_finetuned_backbone_in_flax_nnx_matches_torch_autograd():
     model = Model()
     x, y = _data()
     opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, opt):
-        def loss(m):
-            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
-
-        l, g = nnx.value_and_grad(loss)(model)
-        opt.update(model, g)
-        return l, g
+    step = _nnx_step(x, y)
 
     # the same network in torch: backbone + a Linear holding the nnx head's weights
     head = torch.nn.Linear(4, 2)
