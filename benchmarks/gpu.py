@@ -1,97 +1,134 @@
 """GPU check (run on a machine with an NVIDIA GPU and CUDA builds of jax and torch).
 
-Absolute timings and ratios on one GPU, each against a reference measured in the same run:
-the jitted GPT-2-style forward and train step through jaxtorch against eager PyTorch on
-CUDA, the eager `a + b` dispatch overhead against plain JAX, and the logits against
-PyTorch's. Not part of the test suite (CI has no GPU).
+Absolute timings on one GPU: the jitted GPT-2-style forward and train step through
+jaxtorch, against eager PyTorch on CUDA, and the eager `a + b` dispatch overhead against
+plain JAX; plus the logits against PyTorch's.
+
+PyTorch's CUDA reference runs in a subprocess that never imports jaxtorch: jaxtorch
+makes "jax" torch's accelerator, after which torch autograd on CUDA tensors fails (torch
+supports one accelerator per process; see `jaxtorch/bridge/device.py`). So the two sides
+are timed one after the other, not interleaved: quote these on an otherwise idle GPU.
 
     python benchmarks/gpu.py        # (python benchmarks/gpu.py 2: a quick dry run on the CPU)
 """
 
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-import jax
 import numpy as np
-import optax
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import jaxtorch  # noqa: E402
 from models import gpt2  # noqa: E402
-from run import interleaved  # noqa: E402  (its callables here synchronize the GPU themselves)
-
-
-def row(name: str, a: float, b: float, unit: float = 1e3, suffix: str = "ms") -> None:
-    print(f"| {name} | {a / b:.2f}x | {a * unit:.2f} {suffix} vs {b * unit:.2f} {suffix} |", flush=True)
-
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script
 
 
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
+def median_time(f, n: int, warmup: int = 3) -> float:
+    """Median seconds of `f()` (which must synchronize)."""
+    for _ in range(warmup):
+        f()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 8192, (8, 128), generator=torch.Generator().manual_seed(0))
+
+
+def torch_side(n: int, logits_path: str) -> dict:
+    """Eager PyTorch on CUDA (no jaxtorch in this process): forward, train step, logits."""
+
+    def sync():
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+
+    ids = _ids().to(DEV)
+    model = gpt2(4).to(DEV)
+    with torch.no_grad():
+        np.save(logits_path, model(ids).logits.float().cpu().numpy())
+
+    def fwd():
+        with torch.no_grad():
+            model(ids)
+        sync()
+
+    tmodel = gpt2(4).train().to(DEV)
+    opt = torch.optim.Adam(tmodel.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        tmodel(ids, labels=ids).loss.backward()
+        opt.step()
+        sync()
+
+    return {"forward": median_time(fwd, n), "train": median_time(step, max(3, n // 2))}
 
 
 def main(n: int = 50) -> None:
-    print(f"jax {jax.__version__} {jax.devices()}, torch {torch.__version__} cuda={torch.cuda.is_available()}")
-    print("| benchmark | ratio | detail |\n|---|---|---|")
-    ids = torch.randint(0, 8192, (8, 128))
-    jids = jax.device_put(jaxtorch.to_jax(ids), jax.devices()[0])
+    import jax
+    import optax
 
-    model = gpt2(4)
-    params, fn = jaxtorch.extract(model)
-    params = jax.device_put(params, jax.devices()[0])
-    f = jax.jit(lambda p, i: fn(p, i).logits)
-    cmodel, cids = gpt2(4).to(DEV), ids.to(DEV)
-    with torch.no_grad():
-        ref = cmodel(cids).logits.float().cpu().numpy()
-    err = float(np.max(np.abs(np.asarray(f(params, jids)) - ref)))
-    print(f"| GPT-2 logits, jaxtorch on GPU vs torch CUDA, max abs diff | {err:.2e} | |")
-
-    def torch_fwd():
-        with torch.no_grad():
-            cmodel(cids)
-        sync()
-
-    t_jt, t_t = interleaved(lambda: f(params, jids).block_until_ready(), torch_fwd, n)
-    row("GPT-2 4x256 forward 8x128: jaxtorch jit / torch CUDA eager", t_jt, t_t)
-
+    import jaxtorch
     from jaxtorch.train import make_train_step
 
-    init, step = make_train_step(gpt2(4).train(), lambda out, _: out.loss, optax.adam(1e-4), donate=True)
-    box = {"s": jax.device_put(init(), jax.devices()[0])}
+    with tempfile.TemporaryDirectory() as tmp:
+        logits_path = str(Path(tmp) / "logits.npy")
+        out = subprocess.run([sys.executable, __file__, "--torch", str(n), logits_path], check=True,
+                             capture_output=True, text=True).stdout
+        ref = json.loads(out.strip().splitlines()[-1])
+        ref_logits = np.load(logits_path)
+
+    print(f"jax {jax.__version__} {jax.devices()}, torch {torch.__version__} ({DEV})")
+    print("| benchmark | ratio | detail |\n|---|---|---|")
+    dev = jax.devices()[0]
+    jids = jax.device_put(jaxtorch.to_jax(_ids()), dev)
+    params, fn = jaxtorch.extract(gpt2(4))
+    params = jax.device_put(params, dev)
+    f = jax.jit(lambda p, i: fn(p, i).logits)
+    err = float(np.max(np.abs(np.asarray(f(params, jids)) - ref_logits)))
+    print(f"| GPT-2 logits, jaxtorch vs torch ({DEV}), max abs diff | {err:.2e} | float32 matmuls at torch's precision |")
+    t = median_time(lambda: f(params, jids).block_until_ready(), n)
+    print(f"| GPT-2 4x256 forward 8x128: jaxtorch jit / torch eager | {t / ref['forward']:.2f}x | "
+          f"{t * 1e3:.2f} ms vs {ref['forward'] * 1e3:.2f} ms |")
+
+    init, step = make_train_step(gpt2(4).train(), lambda out, _: out.loss, optax.adam(1e-4))
+    box = {"s": jax.device_put(init(), dev)}
     batch = {"input_ids": jids, "labels": jids}
 
     def jt():
         box["s"], loss = step(box["s"], batch, None, jax.random.key(0))
         loss.block_until_ready()
 
-    tmodel = gpt2(4).train().to(DEV)
-    opt = torch.optim.Adam(tmodel.parameters(), lr=1e-4)
-
-    def tt():
-        opt.zero_grad(set_to_none=True)
-        tmodel(cids, labels=cids).loss.backward()
-        opt.step()
-        sync()
-
-    t_jt, t_t = interleaved(jt, tt, max(3, n // 2))
-    row("GPT-2 train step (value_and_grad + adam) / torch CUDA backward + Adam", t_jt, t_t)
+    t = median_time(jt, max(3, n // 2))
+    print(f"| GPT-2 train step (value_and_grad + adam) / torch backward + Adam | {t / ref['train']:.2f}x | "
+          f"{t * 1e3:.2f} ms vs {ref['train'] * 1e3:.2f} ms |")
 
     jaxtorch.enable_globally()
     try:
         a, b = torch.randn(64, 64, device="jax"), torch.randn(64, 64, device="jax")
         ja, jb = a.jax(), b.jax()
-        t_jt, t_j = interleaved(lambda: (a + b).jax().block_until_ready(), lambda: (ja + jb).block_until_ready(),
-                                40 * n, warmup=200)
+        t_jt = median_time(lambda: (a + b).jax().block_until_ready(), 40 * n, warmup=200)
+        t_j = median_time(lambda: (ja + jb).block_until_ready(), 40 * n, warmup=200)
     finally:
         jaxtorch.disable_globally()
-    row("eager `a + b` 64x64 / plain JAX (both synchronized)", t_jt, t_j, 1e6, "us")
+    print(f"| eager `a + b` 64x64 / plain JAX (both synchronized) | {t_jt / t_j:.2f}x | "
+          f"{t_jt * 1e6:.1f} us vs {t_j * 1e6:.1f} us |")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 50)
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch":
+        print(json.dumps(torch_side(int(sys.argv[2]), sys.argv[3])))
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 50)

@@ -83,26 +83,15 @@ def _load_cpp_guard() -> bool:
 
 
 CPP_GUARD: bool = False
-HOOKS_PENDING = [False]  # True while autograd hooks wait for the first jax tensor requiring grad
 
 
-def _other_accelerator() -> bool:
-    xpu = getattr(torch, "xpu", None)
-    return bool(torch.cuda.is_available() or (xpu is not None and xpu.is_available())
-                or torch.backends.mps.is_available())
-
-
-def ensure_autograd_hooks() -> None:
-    """Register the PrivateUse1 hooks torch's autograd engine needs for jax tensors (once).
-
-    From then on torch treats "jax" as its accelerator: CUDA autograd in the same process
-    no longer works (torch supports one accelerator per process).
-    """
-    if getattr(ensure_autograd_hooks, "done", False):
-        return
-    torch._C._acc.register_python_privateuseone_hook(_br._DummyPrivateUse1Hook())
-    ensure_autograd_hooks.done = True
-    HOOKS_PENDING[0] = False
+_ONE_ACCELERATOR = (
+    "jaxtorch made 'jax' torch's current accelerator (torch.accelerator.current_accelerator() is "
+    "whichever backend renamed PrivateUse1, and torch supports one per process). In this process, "
+    "torch autograd on CUDA tensors fails with an internal assert ('opt_ready_stream && "
+    "opt_parent_stream'): run PyTorch-on-CUDA training in a separate process, or run the model on "
+    "the GPU through JAX (`model.to('jax')`, `jaxtorch.extract`), which is what jaxtorch is for."
+)
 
 
 def _setup() -> torch.device:
@@ -110,19 +99,9 @@ def _setup() -> torch.device:
     if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
         torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
         CPP_GUARD = _load_cpp_guard()
-        # What `_setup_privateuseone_for_python_backend` does, except that the PrivateUse1
-        # *hooks* (needed by torch's autograd engine for jax tensors) make "jax" torch's
-        # current accelerator (`at::getAccelerator` prefers PrivateUse1), and the engine then
-        # looks for CUDA streams through jax's guard: every CUDA `backward()` failed an
-        # internal assert after `import jaxtorch`. With another accelerator present, the hooks
-        # wait until a jax tensor that requires grad is used (`ensure_autograd_hooks`).
-        torch.utils.generate_methods_for_privateuse1_backend()
-        torch._register_device_module(DEVICE_TYPE, _JaxDeviceModule())
-        if _other_accelerator():
-            HOOKS_PENDING[0] = True
-        else:
-            ensure_autograd_hooks()
-        torch._C._acc.register_python_privateuseone_device_guard(_br._DummyDeviceGuard())
+        _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_JaxDeviceModule())
+        if torch.cuda.is_available():
+            warnings.warn(_ONE_ACCELERATOR, stacklevel=3)
     return torch.device(DEVICE_TYPE, 0)
 
 

@@ -32,7 +32,7 @@ from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
 from . import eager, tracing
 from .convert import array_to_torch, tensor_to_jax
-from .device import HOOKS_PENDING, ensure_autograd_hooks, is_jax_device, jax_device_of
+from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
 from .errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
 from .random import next_key
@@ -380,18 +380,10 @@ def dispatch(func, args, kwargs):
     r = _RUNNERS.get(func)
     if r is None:
         r = _runner(func)
-    if HOOKS_PENDING[0]:  # only on machines with another accelerator (see bridge/device.py)
-        _hooks_if_grad(args, kwargs)
     if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
         with tracing.adopted():
             return r(args, kwargs)
     return r(args, kwargs)
-
-
-def _hooks_if_grad(args, kwargs) -> None:
-    leaves = [*args, *kwargs.values()]
-    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
-        ensure_autograd_hooks()
 
 
 # ---- ops the bridge itself owns: device moves, scalars, aliasing --------------------------

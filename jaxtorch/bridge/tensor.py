@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .device import JAX_DEVICE, ensure_autograd_hooks
+from .device import JAX_DEVICE
 from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
 
 
@@ -92,7 +92,6 @@ class JaxTensor(torch.Tensor):
         """`torch.Tensor.backward`, also under a JAX trace (backward ops join the trace)."""
         from .tracing import backward_in_trace
 
-        ensure_autograd_hooks()
         with backward_in_trace():
             return super().backward(gradient, retain_graph, create_graph, inputs)
 
