@@ -68,6 +68,38 @@ def is_array(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray))
 
 
+def broadcast_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """NumPy-style broadcast of `x` to `shape` as one `lax.broadcast_in_dim`."""
+    if x.shape == shape:
+        return x
+    return jax.lax.broadcast_in_dim(x, shape, tuple(range(len(shape) - x.ndim, len(shape))))
+
+
+def binary(prim: Callable, fallback: Callable, a, b) -> jax.Array:
+    """`prim(a, b)` with NumPy broadcasting for operands of one dtype, else `fallback(a, b)`.
+
+    The `lax` primitive directly: `jnp`'s operators are jitted functions, and under a trace
+    each call costs a jit cache lookup and an inline (most of the time of tracing a model).
+    A Python scalar becomes a constant of the array operand's dtype when it fits; mixed
+    dtypes and scalars that do not fit go to `fallback` (the `jnp` operator).
+
+    Example: `binary(lax.add, operator.add, jnp.ones((2, 3)), jnp.ones(3))` -> 2x3 array of 2.0.
+    """
+    try:
+        if not is_array(a):
+            a = np.asarray(a, b.dtype) if type(a) is not complex or b.dtype.kind == "c" else a
+        elif not is_array(b):
+            b = np.asarray(b, a.dtype) if type(b) is not complex or a.dtype.kind == "c" else b
+    except (OverflowError, ValueError):
+        return fallback(a, b)
+    if not (is_array(a) and is_array(b)) or a.dtype != b.dtype:
+        return fallback(a, b)
+    if a.shape != b.shape:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        a, b = broadcast_to(a, shape), broadcast_to(b, shape)
+    return prim(a, b)
+
+
 def result_type(*args) -> np.dtype:
     """torch's promoted dtype of tensors (JAX arrays) and Python scalars in `args`."""
     dim_t, zero_t, scalars = None, None, -1

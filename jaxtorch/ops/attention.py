@@ -19,13 +19,16 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
 from ..bridge.random import next_key
+from ._semantics import binary, broadcast_to
 from .nn import keep_whole
 from .registry import register
 
@@ -34,12 +37,21 @@ aten = torch.ops.aten
 
 def _masked_softmax(scores: jax.Array) -> jax.Array:
     """Softmax over the last axis where rows that are entirely -inf give 0, not NaN (torch's
-    `_safe_softmax`), at the cost of a plain softmax."""
-    m = lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
-    m = jnp.where(jnp.isfinite(m), m, 0)
-    e = jnp.exp(scores - m)
-    denom = jnp.sum(e, axis=-1, keepdims=True)
-    return e / jnp.where(denom == 0, 1, denom)
+    `_safe_softmax`), at the cost of a plain softmax. (`lax` ops: this runs in every traced
+    attention, and `jnp`'s jitted functions cost more to trace.)"""
+    last = scores.ndim - 1
+    m = lax.expand_dims(lax.stop_gradient(lax.reduce_max(scores, (last,))), (last,))
+    m = lax.select(lax.is_finite(m), m, lax.full_like(m, 0))
+    e = lax.exp(lax.sub(scores, broadcast_to(m, scores.shape)))
+    denom = lax.expand_dims(lax.reduce_sum(e, (last,)), (last,))
+    denom = lax.select(denom == 0, lax.full_like(denom, 1), denom)
+    return lax.div(e, broadcast_to(denom, e.shape))
+
+
+def _mask_out(scores: jax.Array, keep) -> jax.Array:
+    """`scores` with -inf where `keep` (broadcastable bool) is False."""
+    keep = broadcast_to(jnp.asarray(keep), scores.shape)
+    return lax.select(keep, scores, lax.full_like(scores, -jnp.inf))
 
 
 def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, rng=None):
@@ -59,24 +71,33 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     if groups > 1:  # (..., Hk, G, L, E) against (..., Hk, 1, S, E): no repeat of k and v
         q = q.reshape(q.shape[:-3] + (k.shape[-3], groups, L, E))
         k, v = k[..., None, :, :], v[..., None, :, :]
-    qs = q * jnp.asarray(scale, q.dtype)
-    scores = jnp.einsum("...le,...se->...ls", qs, k, preferred_element_type=acc)
+    qs = binary(lax.mul, operator.mul, q, scale)
+    nb = q.ndim - 2
+    plain = q.shape[:-2] == k.shape[:-2] == v.shape[:-2]  # the common case: one dot_general each way
+    batch = (tuple(range(nb)),) * 2
+    if plain:
+        scores = lax.dot_general(qs, k, (((nb + 1,), (nb + 1,)), batch), preferred_element_type=acc)
+    else:
+        scores = jnp.einsum("...le,...se->...ls", qs, k, preferred_element_type=acc)
     if groups > 1 and attn_mask is not None and attn_mask.ndim >= 3:
         attn_mask = jnp.broadcast_to(attn_mask, attn_mask.shape[:-3] + (q.shape[-4] * groups,) + attn_mask.shape[-2:]) \
             if attn_mask.shape[-3] == 1 else attn_mask
         attn_mask = attn_mask.reshape(attn_mask.shape[:-3] + (q.shape[-4], groups) + attn_mask.shape[-2:])
     if is_causal:
-        scores = jnp.where(jnp.tril(jnp.ones((L, S), jnp.bool_)), scores, -jnp.inf)
+        scores = _mask_out(scores, np.tril(np.ones((L, S), np.bool_)))
     if attn_mask is not None:
         if attn_mask.dtype == jnp.bool_:
-            scores = jnp.where(attn_mask, scores, -jnp.inf)
+            scores = _mask_out(scores, attn_mask)
         else:
-            scores = scores + attn_mask.astype(acc)
+            scores = binary(lax.add, operator.add, scores, attn_mask.astype(acc))
     p = _masked_softmax(scores)
     if dropout_p > 0:
         keep = jax.random.bernoulli(rng, 1.0 - dropout_p, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_p), 0)
-    out = jnp.einsum("...ls,...sv->...lv", p.astype(v.dtype), v, preferred_element_type=acc)
+    if plain:
+        out = lax.dot_general(p.astype(v.dtype), v, (((nb + 1,), (nb,)), batch), preferred_element_type=acc)
+    else:
+        out = jnp.einsum("...ls,...sv->...lv", p.astype(v.dtype), v, preferred_element_type=acc)
     if groups > 1:
         out = out.reshape(out.shape[:-4] + (out.shape[-4] * groups,) + out.shape[-2:])
     return out.astype(q.dtype)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +36,8 @@ import torch
 from jax import lax
 
 from ..bridge.dtypes import x64_enabled
-from ._semantics import (ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT, category, elementwise,
-                         is_array, to_float)
+from ._semantics import (ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT, binary, category,
+                         elementwise, is_array, to_float)
 from .registry import register
 
 aten = torch.ops.aten
@@ -68,6 +69,22 @@ def _first_array(*xs):
     return next(x for x in xs if is_array(x))
 
 
+def _add(a, b):
+    """`a + b` (bool: or), one `lax` op when the dtypes agree (see `_semantics.binary`)."""
+    if _is_bool(a) or _is_bool(b):
+        return a + b
+    return binary(lax.add, operator.add, a, b)
+
+
+def _mul(a, b):
+    """`a * b`, one `lax` op when the dtypes agree; Python scalars multiply in Python."""
+    if not (is_array(a) or is_array(b)):
+        return a * b
+    if _is_bool(a) or _is_bool(b):
+        return a * b
+    return binary(lax.mul, operator.mul, a, b)
+
+
 # ---------------------------------------------------------------------------------------
 # arithmetic
 # ---------------------------------------------------------------------------------------
@@ -75,7 +92,7 @@ def _first_array(*xs):
 @elementwise(DEFAULT, n=2)
 def add(a, b, alpha=1):
     """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer."""
-    return a + (b * alpha if alpha != 1 else b)
+    return _add(a, _mul(b, alpha) if alpha != 1 else b)
 
 
 def _no_bool_sub(a, b):
@@ -86,7 +103,7 @@ def _no_bool_sub(a, b):
 
 @elementwise(DEFAULT, n=2)
 def _sub(a, b, alpha=1):
-    return a - (b * alpha if alpha != 1 else b)
+    return binary(lax.sub, operator.sub, a, _mul(b, alpha) if alpha != 1 else b)
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
@@ -109,12 +126,12 @@ def mul(a, b):
     """`a * b`; bool * bool is logical and."""
     if _is_bool(a) and (_is_bool(b) or isinstance(b, bool)):
         return jnp.logical_and(a, b)
-    return a * b
+    return _mul(a, b)
 
 
 @elementwise(INT_TO_FLOAT)
 def _true_div(a, b):
-    return a / b
+    return binary(lax.div, operator.truediv, a, b)
 
 
 def _trunc_div(a, b):
