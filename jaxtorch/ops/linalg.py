@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ from jax.lax import linalg as lax_linalg
 from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-exported
 
 from ..bridge.dtypes import canonical_int
-from ._semantics import canon_dim, category, to_float, to_real
+from ._semantics import binary, canon_dim, category, is_array, to_float, to_real
 from .registry import register
 
 aten = torch.ops.aten
@@ -80,6 +81,8 @@ def _scaled_sum(self, prod, beta, alpha):
         return self | prod
     if beta != 1:
         self = self * beta
+    if is_array(self) and self.dtype == prod.dtype:
+        return binary(lax.add, operator.add, self, prod)
     return (self + prod).astype(out_dtype)
 
 
@@ -89,6 +92,10 @@ def mm(a, b):
     """`a @ b` at the operand dtype. Example: `mm(jnp.ones((2, 3)), jnp.ones((3, 4))).shape == (2, 4)`."""
     if a.dtype == np.bool_:
         return jnp.matmul(a.astype(np.int32), b.astype(np.int32)) != 0
+    if a.dtype == b.dtype and a.ndim == b.ndim and a.ndim in (2, 3) and a.shape[:-2] == b.shape[:-2]:
+        # mm / bmm: one dot_general (jnp.matmul is a jitted function: dearer to trace)
+        batch = (tuple(range(a.ndim - 2)),) * 2
+        return lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), batch))
     return jnp.matmul(a, b)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Callable, Sequence
 
 import jax
@@ -30,7 +31,7 @@ import torch
 from jax import lax
 
 from ..bridge.dtypes import canonical_int
-from ._semantics import category, result_type
+from ._semantics import binary, broadcast_to, category, result_type
 from .registry import register
 
 aten = torch.ops.aten
@@ -502,14 +503,17 @@ def _layer_norm(input, normalized_shape, weight, bias, eps):
     axis = input.ndim - len(normalized_shape)
     axes = tuple(range(axis, input.ndim))
     x = _opmath(input)
-    mean = jnp.mean(x, axis=axes, keepdims=True)
-    xc = x - mean
-    rstd = lax.rsqrt(jnp.mean(jnp.square(xc), axis=axes, keepdims=True) + eps)
-    out = xc * rstd
+    # lax primitives with explicit broadcasts (jnp's jitted functions are dearer to trace)
+    n = np.asarray(math.prod(x.shape[a] for a in axes), x.dtype)
+    mean = lax.expand_dims(lax.div(lax.reduce_sum(x, axes), broadcast_to(n, x.shape[:axis])), axes)
+    xc = lax.sub(x, broadcast_to(mean, x.shape))
+    var = lax.div(lax.reduce_sum(lax.mul(xc, xc), axes), broadcast_to(n, x.shape[:axis]))
+    rstd = lax.expand_dims(lax.rsqrt(binary(lax.add, operator.add, var, eps)), axes)
+    out = lax.mul(xc, broadcast_to(rstd, x.shape))
     if weight is not None:
-        out = out * weight.astype(x.dtype)
+        out = binary(lax.mul, operator.mul, out, weight.astype(x.dtype))
     if bias is not None:
-        out = out + bias.astype(x.dtype)
+        out = binary(lax.add, operator.add, out, bias.astype(x.dtype))
     return out.astype(input.dtype), mean, rstd
 
 

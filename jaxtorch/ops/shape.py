@@ -120,13 +120,13 @@ def expand(a, size, implicit: bool = False):
 @register(aten.permute.default)
 def permute(a, dims):
     """`x.permute(2, 0, 1)`."""
-    return jnp.transpose(a, tuple(canon_dim(d, a.ndim) for d in dims))
+    return lax.transpose(a, tuple(canon_dim(d, a.ndim) for d in dims))
 
 
 @register(aten.t.default)
 def t(a):
     """`x.t()`: transpose a matrix; 0-d and 1-d tensors are returned as they are."""
-    return a.T if a.ndim == 2 else a
+    return lax.transpose(a, (1, 0)) if a.ndim == 2 else a
 
 
 @register(aten.transpose.int)
@@ -134,7 +134,10 @@ def transpose(a, dim0, dim1):
     """`x.transpose(0, 1)`."""
     if a.ndim == 0:
         return a
-    return jnp.swapaxes(a, canon_dim(dim0, a.ndim), canon_dim(dim1, a.ndim))
+    perm = list(range(a.ndim))
+    i, j = canon_dim(dim0, a.ndim), canon_dim(dim1, a.ndim)
+    perm[i], perm[j] = j, i
+    return lax.transpose(a, tuple(perm))  # (not jnp.swapaxes: a jitted function, dearer to trace)
 
 
 @register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
