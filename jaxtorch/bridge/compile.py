@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from typing import Any, Callable
@@ -68,9 +69,17 @@ class Compiled:
         self._state_objects = tuple(state)
         self._programs: dict[Any, Callable] = {}
         self._aux: dict[Any, Any] = {}
+        self._random: dict[Any, bool] = {}  # signature -> whether its program draws random numbers
         self._lock = threading.RLock()
         self.compilations = 0
         functools.update_wrapper(self, target.forward if self._module is not None else target)
+
+    @contextlib.contextmanager
+    def _draws(self, key, rng):
+        """Trace under `rng` and record whether the program drew from it."""
+        with _random.key_scope(rng) as cell:
+            yield
+        self._random[key] = cell[0] is not rng
 
     def _program(self, key, treedef, statics):
         prog = self._programs.get(key)
@@ -83,13 +92,15 @@ class Compiled:
             self.compilations += 1  # runs once per trace
             args, kwargs = _rebuild(treedef, statics, dyn)
             if module is None:
-                return _run_torch(target, args, kwargs, rng), {}
+                with self._draws(key, rng):
+                    return _run_torch(target, args, kwargs, None), {}
             tstate = {k: JaxTensor(v) for k, v in state.items()}
 
             def run(*a, **k):
                 return torch.func.functional_call(module, tstate, a, k, tie_weights=True, strict=False)
 
-            out = _run_torch(run, args, kwargs, rng)
+            with self._draws(key, rng):
+                out = _run_torch(run, args, kwargs, None)
             changed = {k: t.elem for k, t in tstate.items() if t._jt_version}
             return out, changed
 
@@ -97,7 +108,7 @@ class Compiled:
         self._programs[key] = prog
         return prog
 
-    def _step_program(self, key, treedef, statics, holders: Holders, opt_statics):
+    def _step_program(self, key, treedef, statics, holders: Holders, opt_statics, random_key):
         """A program for a function that updates modules/optimizers (a train step)."""
         prog = self._programs.get(key)
         if prog is not None:
@@ -110,7 +121,8 @@ class Compiled:
             snap = holders.snapshot()
             try:
                 holders.install(state, opt_statics, tracing=True)
-                out = _run_torch(target, args, kwargs, rng)
+                with self._draws(random_key, rng):
+                    out = _run_torch(target, args, kwargs, None)
                 new_state, _ = holders.read()
                 self._aux[key] = holders.state_statics()
             finally:
@@ -125,11 +137,11 @@ class Compiled:
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
         holders_objs = self._state_objects + tuple(x for x in leaves if _is_holder(x))
-        if rng is None:
-            rng = _random._eager_key()
         statics = tuple(_DYN if _is_tensor(x) else x for x in leaves)
         dyn = [x.elem if isinstance(x, JaxTensor) else tensor_to_jax(x) for x in leaves if _is_tensor(x)]
         key = (treedef, tuple(_freeze(s) for s in statics), self._module.training if self._module else None)
+        if rng is None:  # the eager generator, only for programs that draw (or not traced yet)
+            rng = _random._eager_key() if self._random.get(key, True) else _no_key()
         if holders_objs:
             return self._call_step(key, treedef, statics, dyn, holders_objs, rng)
         state_tensors = named_state(self._module) if self._module is not None else {}
@@ -158,10 +170,10 @@ class Compiled:
             try:
                 state, signature = holders.read()
                 opt_statics = holders.state_statics()
-                key = (key, tuple(id(o) for o in objects), signature)
-                prog = self._step_program(key, treedef, statics, holders, opt_statics)
+                pkey = (key, tuple(id(o) for o in objects), signature)
+                prog = self._step_program(pkey, treedef, statics, holders, opt_statics, random_key=key)
                 out, new_state = prog(state, dyn, rng)
-                holders.install(new_state, self._aux[key], tracing=False)
+                holders.install(new_state, self._aux[pkey], tracing=False)
             finally:
                 for lock in reversed(locks):
                     lock.release()
@@ -188,6 +200,12 @@ class _Dyn:
 
 
 _DYN = _Dyn()
+
+
+@functools.cache
+def _no_key() -> jax.Array:
+    """The key passed to programs that draw no random numbers (made on first use)."""
+    return jax.random.key(0)
 
 
 def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:  # noqa: A001

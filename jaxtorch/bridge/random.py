@@ -71,13 +71,21 @@ def _eager_key() -> jax.Array:
 
 @contextlib.contextmanager
 def key_scope(key):
-    """Make random ops in this thread draw from `key` (None: keep the current behaviour)."""
+    """Make random ops in this thread draw from `key` (None: keep the current behaviour).
+
+    Yields the scope's cell, `[current key]`: a random op replaces the key with a fresh
+    one, so `cell[0] is not key` afterwards says whether anything drew from it.
+    """
+    if key is None:
+        yield None
+        return
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
-    stack.append([key])
+    cell = [key]
+    stack.append(cell)
     try:
-        yield
+        yield cell
     finally:
         stack.pop()
 

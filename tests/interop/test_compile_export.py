@@ -111,3 +111,20 @@ def test_named_scopes_in_hlo():
     params, fn = jaxtorch.extract(GPT2LMHeadModel(cfg).eval())
     text = jax.jit(lambda p, i: fn(p, i).logits).lower(params, jnp.ones((1, 8), jnp.int32)).as_text(debug_info=True)
     assert "GPT2Block/attn/" in text and "aten::" in text
+
+
+def test_compiled_deterministic_calls_leave_the_global_generator_alone():
+    jaxtorch.enable_globally()
+    try:
+        fast = jaxtorch.compile(torch.nn.Linear(3, 2).to("jax"))
+        x = torch.randn(4, 3, device="jax")
+        fast(x)  # the first trace may draw once (whether the program is random is not known yet)
+        torch.manual_seed(5)
+        expected = torch.rand(3, device="jax").cpu()
+        torch.manual_seed(5)
+        for _ in range(3):
+            fast(x)
+        assert torch.equal(torch.rand(3, device="jax").cpu(), expected)
+        assert fast.compilations == 1
+    finally:
+        jaxtorch.disable_globally()
