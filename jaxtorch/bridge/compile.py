@@ -45,19 +45,11 @@ from . import random as _random
 from .api import _module_lock, _run_torch, named_state
 from .convert import array_to_torch, tensor_to_jax
 from .tensor import JaxTensor, write
-from .torch_state import Holders
+from .torch_state import Holders, freeze
 
 
 def _is_tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def _freeze(x):
-    try:
-        hash(x)
-        return x
-    except TypeError:
-        return repr(x)
 
 
 class Compiled:
@@ -139,7 +131,7 @@ class Compiled:
         holders_objs = self._state_objects + tuple(x for x in leaves if _is_holder(x))
         statics = tuple(_DYN if _is_tensor(x) else x for x in leaves)
         dyn = [x.elem if isinstance(x, JaxTensor) else tensor_to_jax(x) for x in leaves if _is_tensor(x)]
-        key = (treedef, tuple(_freeze(s) for s in statics), self._module.training if self._module else None)
+        key = (treedef, tuple(freeze(s) for s in statics), self._module.training if self._module else None)
         if rng is None:  # the eager generator, only for programs that draw (or not traced yet)
             rng = _random._eager_key() if self._random.get(key, True) else _no_key()
         if holders_objs:

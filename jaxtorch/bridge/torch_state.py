@@ -61,9 +61,10 @@ def _array(t: Any, what: str) -> jax.Array:
     raise TypeError(f"jaxtorch.compile: {what} is a {type(t).__name__}, expected a tensor")
 
 
-def _freeze(x: Any) -> Any:
+def freeze(x: Any) -> Any:
+    """A hashable stand-in for a static value (lists become tuples, the unhashable their repr)."""
     if isinstance(x, (list, tuple)):
-        return tuple(_freeze(v) for v in x)
+        return tuple(freeze(v) for v in x)
     try:
         hash(x)
         return x
@@ -128,13 +129,13 @@ class Holders:
             for group, params in zip(opt.param_groups, groups):
                 traced_lr = isinstance(opt, _TENSOR_LR) and not isinstance(group["lr"], torch.Tensor)
                 per_lr.append(jnp.asarray(group["lr"], jnp.float32) if traced_lr else None)
-                hyper = {k: _freeze(v) for k, v in group.items() if k != "params" and not (k == "lr" and traced_lr)}
+                hyper = {k: freeze(v) for k, v in group.items() if k != "params" and not (k == "lr" and traced_lr)}
                 sig.append(tuple(sorted(hyper.items())))
                 for p in params:
                     st = opt.state.get(p, {})
                     arrays = {k: _array(v, f"optimizer state '{k}'") for k, v in st.items()
                               if isinstance(v, torch.Tensor)}
-                    statics = tuple(sorted((k, _freeze(v)) for k, v in st.items() if not isinstance(v, torch.Tensor)))
+                    statics = tuple(sorted((k, freeze(v)) for k, v in st.items() if not isinstance(v, torch.Tensor)))
                     per_opt.append(arrays)
                     sig.append((tuple(sorted(arrays)), statics))
             opt_state.append(per_opt)

@@ -29,8 +29,7 @@ from jax import lax
 
 from ..bridge.random import next_key
 from ._semantics import binary, broadcast_to
-from .nn import keep_whole
-from .registry import register
+from .registry import keep_whole, register
 
 aten = torch.ops.aten
 

@@ -32,7 +32,7 @@ from jax import lax
 
 from ..bridge.dtypes import canonical_int
 from ._semantics import binary, broadcast_to, category, result_type
-from .registry import register
+from .registry import keep_whole, register
 
 aten = torch.ops.aten
 
@@ -593,33 +593,6 @@ def _rms_norm(input, normalized_shape, weight, eps):
     if weight is not None:
         out = out * weight.astype(x.dtype)
     return out.astype(input.dtype), rstd
-
-
-def keep_whole(op: torch._ops.OpOverload) -> None:
-    """Let a CompositeImplicitAutograd `op` reach jaxtorch undecomposed on the `jax` device.
-
-    A `PrivateUse1` kernel stops the dispatcher from decomposing the op, so `__torch_dispatch__`
-    sees it whole and its lowering (one fused JAX expression) runs. When torch autograd has to
-    record it (an input on the `jax` device requires grad), the `AutogradPrivateUse1` kernel runs
-    torch's own decomposition instead, which autograd differentiates.
-    """
-    name = op.name().split("::")[1] + ("" if op._overloadname == "default" else "." + op._overloadname)
-
-    def backend(*args, **kwargs):  # never runs: a JaxTensor's Python key takes the call first
-        raise RuntimeError(f"jaxtorch: {op} reached the jax backend kernel without a JaxTensor")
-
-    def autograd(*args, **kwargs):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                           for a in list(args) + list(kwargs.values())):
-            return op.decompose(*args, **kwargs)
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args, **kwargs)
-
-    _whole_lib.impl(name, backend, "PrivateUse1")
-    _whole_lib.impl(name, autograd, "AutogradPrivateUse1")
-
-
-_whole_lib = torch.library.Library("aten", "IMPL")
 
 
 @register(aten.rms_norm.default)

@@ -114,3 +114,33 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
     interpreter.invalidate_cache()
     eager.clear()
     return jax_impl
+
+
+_whole_lib = torch.library.Library("aten", "IMPL")
+
+
+def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> None:
+    """Let a CompositeImplicitAutograd `op` reach jaxtorch undecomposed on the `jax` device.
+
+    A `PrivateUse1` kernel stops the dispatcher from decomposing the op, so `__torch_dispatch__`
+    sees it whole and its lowering runs. When torch autograd has to record it (an input on the
+    `jax` device requires grad), the `AutogradPrivateUse1` kernel runs `recorded` instead
+    (default: torch's own decomposition), which autograd differentiates.
+
+    Example: `keep_whole(torch.ops.aten.rms_norm.default)`.
+    """
+    name = op.name().split("::")[1]  # includes the overload unless it is "default"
+    recorded = op.decompose if recorded is None else recorded
+
+    def backend(*args, **kwargs):  # never runs: a JaxTensor's Python key takes the call first
+        raise RuntimeError(f"jaxtorch: {op} reached the jax backend kernel without a JaxTensor")
+
+    def autograd(*args, **kwargs):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in list(args) + list(kwargs.values())):
+            return recorded(*args, **kwargs)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
+
+    _whole_lib.impl(name, backend, "PrivateUse1")
+    _whole_lib.impl(name, autograd, "AutogradPrivateUse1")

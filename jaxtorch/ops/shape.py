@@ -30,7 +30,7 @@ from jax.extend.core import concrete_or_error
 
 from ..bridge.dtypes import to_torch_dtype
 from ._semantics import canon_dim
-from .registry import register
+from .registry import keep_whole, register
 
 aten = torch.ops.aten
 
@@ -279,28 +279,8 @@ def narrow_tensor(a, dim, start, length):
 # Both overloads above are CompositeImplicitAutograd: torch's C++ kernels would run first and
 # read the index tensor on the host. Backend kernels for the `jax` device keep them whole, so
 # they reach the lowerings; when torch autograd records, torch's differentiable path runs.
-_whole_lib = torch.library.Library("aten", "IMPL")
-
-
-def _keep_whole(op: torch._ops.OpOverload, recorded: Callable) -> None:
-    name = op.name().split("::")[1]  # "tensor_split.tensor_indices_or_sections"
-
-    def backend(*args, **kwargs):  # never runs: a JaxTensor's Python key takes the call first
-        raise RuntimeError(f"jaxtorch: {op} reached the jax backend kernel without a JaxTensor")
-
-    def autograd(*args, **kwargs):
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                           for x in list(args) + list(kwargs.values())):
-            return recorded(*args, **kwargs)
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args, **kwargs)
-
-    _whole_lib.impl(name, backend, "PrivateUse1")
-    _whole_lib.impl(name, autograd, "AutogradPrivateUse1")
-
-
-_keep_whole(aten.tensor_split.tensor_indices_or_sections, _tensor_split_recorded)
-_keep_whole(aten.narrow.Tensor, aten.narrow.Tensor.decompose)
+keep_whole(aten.tensor_split.tensor_indices_or_sections, _tensor_split_recorded)
+keep_whole(aten.narrow.Tensor)
 
 
 @register(aten.unbind.int)
