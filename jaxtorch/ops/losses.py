@@ -27,7 +27,7 @@ from jax import lax
 
 from ._semantics import result_type
 from .nn import _opmath, _vjp
-from .registry import register
+from .registry import keep_whole, register
 
 aten = torch.ops.aten
 
@@ -64,6 +64,92 @@ def _nll(self, target, weight, reduction, ignore_index):
     if reduction == 2:
         return jnp.sum(loss), total
     return jnp.sum(loss) / total, total
+
+
+def _class_hit(shape: tuple[int, ...], target: jax.Array, cdim: int) -> jax.Array:
+    """Bool one-hot of `target` along `cdim` (an iota comparison, which XLA fuses)."""
+    return lax.broadcasted_iota(jnp.int32, shape, cdim) == jnp.expand_dims(target.astype(jnp.int32), cdim)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _lse_and_pick(x: jax.Array, target: jax.Array, cdim: int) -> tuple[jax.Array, jax.Array]:
+    """(logsumexp of `x` along `cdim`, `x` at `target` along `cdim`): the two halves of
+    `-log_softmax(x)[target]`, so cross entropy never materializes the log-probabilities.
+
+    Its VJP is one fused `exp(x - lse) g_lse + onehot g_pick`, which keeps only `x` (alive
+    anyway) and the row-wise `lse`: JAX's own derivative of `log_softmax` followed by a pick
+    keeps two more full-size (rows, classes) buffers, which for a language model's logits
+    cost memory and a pass each.
+    """
+    return _lse_and_pick_fwd(x, target, cdim)[0]
+
+
+def _lse_and_pick_fwd(x, target, cdim):
+    m = lax.stop_gradient(jnp.max(x, axis=cdim, keepdims=True))
+    lse = jnp.log(jnp.sum(jnp.exp(x - m), axis=cdim, keepdims=True)) + m
+    # a gather of one value per row (XLA CPU does not fuse a one-hot select into the reduce, so
+    # that form writes a full-size buffer); the VJP below is written out, so no scatter follows
+    picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(target.astype(jnp.int32), cdim), axis=cdim), cdim)
+    return (jnp.squeeze(lse, cdim), picked), (x, lse, target)
+
+
+def _lse_and_pick_bwd(cdim, residuals, cotangents):
+    x, lse, target = residuals
+    g_lse, g_pick = (jnp.expand_dims(g, cdim) for g in cotangents)
+    dx = jnp.exp(x - lse) * g_lse + jnp.where(_class_hit(x.shape, target, cdim), g_pick, 0)
+    return dx, None
+
+
+_lse_and_pick.defvjp(_lse_and_pick_fwd, _lse_and_pick_bwd)
+
+
+def _weighted_mean(loss: jax.Array, w: jax.Array, reduction: int) -> jax.Array:
+    """torch's nll reduction of per-element `loss` already multiplied by its class weight `w`:
+    the mean divides by the kept weights' sum; with every target ignored it is NaN, as in torch,
+    while the gradient stays 0 (torch's backward writes nothing for ignored targets)."""
+    if reduction != 1:
+        return jnp.sum(loss) if reduction == 2 else loss
+    total = jnp.sum(w)
+    return jnp.sum(loss) / jnp.where(total == 0, 1, total) + jnp.where(total == 0, jnp.nan, 0).astype(loss.dtype)
+
+
+@register(aten.cross_entropy_loss.default)
+def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """`F.cross_entropy`, kept whole: class-index targets without label smoothing (the language
+    model case) compute `logsumexp - picked` directly (see `_lse_and_pick`); probability
+    targets and label smoothing follow torch's `log_softmax` formulas."""
+    x = _opmath(self)
+    cdim = 0 if x.ndim == 1 else 1
+    if jnp.issubdtype(target.dtype, jnp.floating):  # class probabilities, same shape as the input
+        return _xent_probabilities(x, target.astype(x.dtype), weight, reduction, label_smoothing, cdim).astype(
+            self.dtype)
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0).astype(jnp.int32)
+    w = jnp.where(valid, 1, 0).astype(x.dtype) if weight is None else jnp.where(valid, weight.astype(x.dtype)[safe], 0)
+    if label_smoothing == 0.0:
+        lse, picked = _lse_and_pick(x, safe, cdim)
+        return _weighted_mean((lse - picked) * w, w, reduction).astype(self.dtype)
+    logp = jax.nn.log_softmax(x, axis=cdim)
+    nll = _weighted_mean(-jnp.sum(jnp.where(_class_hit(x.shape, safe, cdim), logp, 0), axis=cdim) * w, w, reduction)
+    cw = 1 if weight is None else jnp.reshape(weight.astype(x.dtype), (-1,) + (1,) * (x.ndim - cdim - 1))
+    smooth = _weighted_mean(jnp.where(valid, -jnp.sum(logp * cw, axis=cdim), 0), w, reduction)
+    return ((1 - label_smoothing) * nll + smooth * (label_smoothing / x.shape[cdim])).astype(self.dtype)
+
+
+def _xent_probabilities(x, target, weight, reduction, label_smoothing, cdim):
+    """Cross entropy against class probabilities (torch's `cross_entropy_loss_prob_target`)."""
+    if label_smoothing > 0:
+        target = target * (1 - label_smoothing) + label_smoothing / x.shape[cdim]
+    logp = jax.nn.log_softmax(x, axis=cdim)
+    if weight is not None:
+        logp = logp * jnp.reshape(weight.astype(x.dtype), (-1,) + (1,) * (x.ndim - cdim - 1))
+    loss = -jnp.sum(logp * target, axis=cdim)
+    if reduction == 1:
+        return jnp.sum(loss) / (x.size // x.shape[cdim])
+    return jnp.sum(loss) if reduction == 2 else loss
+
+
+keep_whole(aten.cross_entropy_loss.default)  # else torch decomposes it before jaxtorch sees it
 
 
 @register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
@@ -228,8 +314,8 @@ def _linear_xent_rows(input, linear_weight, target, linear_bias, weight, ignore_
     t = target.astype(jnp.int32)
     masked = t == ignore_index
     t = jnp.where(masked, 0, t)
-    picked = jnp.take_along_axis(logits, t[:, None], axis=1)[:, 0]
-    nll = jax.nn.logsumexp(logits, axis=1) - picked
+    lse, picked = _lse_and_pick(logits, t, 1)
+    nll = lse - picked
     row_w = jnp.ones(t.shape, logits.dtype) if weight is None else weight.astype(logits.dtype)[t]
     row_w = jnp.where(masked, 0, row_w)
     return nll * row_w, row_w

@@ -285,3 +285,63 @@ def test_batch_norm_module_torch_autograd_on_jax_device():
         return y.detach(), gx, gw, ge, m.running_mean, m.running_var, m.num_batches_tracked
 
     check(fn, x, jit=False, tol=1e-4)
+
+
+# ---- cross entropy, kept whole ----------------------------------------------------------------
+def _xent_cases():
+    torch.manual_seed(0)
+    t2 = torch.tensor([0, 4, -100, 2, 1, 3])
+    t3 = torch.randint(0, 5, (3, 4))
+    t3[0, 0] = -100
+    return {"rows": (torch.randn(6, 5), t2), "spatial": (torch.randn(3, 5, 4), t3),
+            "unbatched": (torch.randn(5), torch.tensor(2)), "probabilities": (torch.randn(6, 5), torch.rand(6, 5).softmax(1))}
+
+
+@pytest.mark.parametrize("case", ["rows", "spatial", "unbatched", "probabilities"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy(case, reduction, weighted, smoothing):
+    x, y = _xent_cases()[case]
+    w = torch.rand(5) + 0.1
+    fn = lambda x, y, w: F.cross_entropy(x, y, weight=w if weighted else None, reduction=reduction,  # noqa: E731
+                                         label_smoothing=smoothing)
+    check(fn, x, y, w, tol=1e-5)
+    _grad_check(fn, x, y, w, tol=1e-5)
+
+
+def test_cross_entropy_all_targets_ignored():
+    """mean over no kept target: NaN like torch, and a zero gradient like torch's backward."""
+    x, y = torch.randn(3, 4), torch.full((3,), -100)
+    check(lambda x, y: F.cross_entropy(x, y), x, y, tol=0)
+    g = jax.grad(lambda a: jaxtorch.call_torch(lambda a, y: F.cross_entropy(a, y), a, to_jax(y)))(to_jax(x))
+    xr = x.clone().requires_grad_()
+    F.cross_entropy(xr, y).backward()
+    np.testing.assert_array_equal(np.asarray(g), xr.grad.numpy())
+
+
+def test_cross_entropy_under_torch_autograd_on_jax_device():
+    """With torch autograd recording on the `jax` device, cross entropy takes torch's decomposition."""
+    x, y = _xent_cases()["rows"]
+
+    def fn(x, y):
+        x = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(F.cross_entropy(x, y, label_smoothing=0.1), x)
+        return g
+
+    check(fn, x, y, jit=False, tol=1e-5)
+
+
+def test_cross_entropy_gradient_keeps_one_logit_sized_buffer():
+    """The LM-head case: jit(grad) of cross_entropy(h @ W.T) keeps one (rows, classes) buffer (the
+    logits' gradient is written over the logits), not also the log-probabilities that autodiff
+    of log_softmax + nll keeps (2x before cross entropy was kept whole)."""
+    n, c, d = 256, 2048, 64
+    h, w = jax.random.normal(jax.random.key(0), (n, d)), jax.random.normal(jax.random.key(1), (c, d))
+    y = jax.random.randint(jax.random.key(2), (n,), 0, c)
+
+    def loss(h, w):
+        return jaxtorch.call_torch(lambda h, w, y: F.cross_entropy(h @ w.T, y), h, w, y)
+
+    temp = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(h, w).compile().memory_analysis().temp_size_in_bytes
+    assert temp <= 1.5 * n * c * 4, temp / (n * c * 4)
