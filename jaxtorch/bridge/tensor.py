@@ -28,14 +28,14 @@ import numpy as np
 import torch
 
 from .device import JAX_DEVICE
-from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
+from .dtypes import to_jax_dtype, to_torch_dtype
 
 
 # Wrapper tensors own no memory; a large virtual storage size (never allocated) lets
 # `rebind` change their shape in place with `as_strided_`.
 _VIRTUAL_STORAGE = 1 << 40
-_TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the current x64 mode
-_X64 = [x64_enabled()]
+_TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the dtypes whose torch dtype ignores x64
+_X64_DEPENDENT = frozenset({np.dtype("int32"), np.dtype("uint32")})  # int64/uint64 without x64
 
 
 class JaxTensor(torch.Tensor):
@@ -50,10 +50,10 @@ class JaxTensor(torch.Tensor):
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
         if dtype is None:
             dtype = _TORCH_DTYPE.get(elem.dtype)
-            if dtype is None or _X64[0] != x64_enabled():
-                _X64[0] = x64_enabled()
-                _TORCH_DTYPE.clear()
-                dtype = _TORCH_DTYPE[elem.dtype] = to_torch_dtype(elem.dtype)
+            if dtype is None:  # int32/uint32 (their torch dtype depends on x64) or not seen yet
+                dtype = to_torch_dtype(elem.dtype)
+                if elem.dtype not in _X64_DEPENDENT:
+                    _TORCH_DTYPE[elem.dtype] = dtype
         r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
                                                 requires_grad=requires_grad, storage_size=_VIRTUAL_STORAGE)
         r._jt_elem = elem

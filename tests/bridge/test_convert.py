@@ -140,6 +140,18 @@ def test_int32_reads_back_as_int64_without_x64():
     assert back.tolist() == [1, 2]
 
 
+def test_torch_dtype_follows_x64_switched_at_run_time():
+    """JaxTensor caches torch dtypes, except int32/uint32 whose torch dtype depends on x64."""
+    a, f = jnp.arange(3, dtype=jnp.int32), jnp.ones(2, jnp.float32)
+    assert (JaxTensor(a).dtype, JaxTensor(f).dtype) == (torch.int64, torch.float32)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        assert (JaxTensor(jnp.arange(3, dtype=jnp.int32)).dtype, JaxTensor(f).dtype) == (torch.int32, torch.float32)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert JaxTensor(a).dtype == torch.int64
+
+
 def test_float64_without_x64_is_a_clear_error():
     with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
         jaxtorch.to_jax(torch.zeros(2, dtype=torch.float64))
