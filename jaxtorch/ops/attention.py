@@ -74,6 +74,9 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     nb = q.ndim - 2
     plain = q.shape[:-2] == k.shape[:-2] == v.shape[:-2]  # the common case: one dot_general each way
     batch = (tuple(range(nb)),) * 2
+    if plain and is_causal and attn_mask is None and dropout_p == 0 and L == S and L % _CAUSAL_BLOCKS == 0 \
+            and L >= _CAUSAL_MIN_LENGTH:
+        return _causal_blocks(qs, k, v, acc).astype(q.dtype)
     if plain:
         scores = lax.dot_general(qs, k, (((nb + 1,), (nb + 1,)), batch), preferred_element_type=acc)
     else:
@@ -100,6 +103,29 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     if groups > 1:
         out = out.reshape(out.shape[:-4] + (out.shape[-4] * groups,) + out.shape[-2:])
     return out.astype(q.dtype)
+
+
+_CAUSAL_BLOCKS = 4  # query blocks of causal self-attention
+_CAUSAL_MIN_LENGTH = 128  # shorter sequences: one product each way costs about as little
+
+
+def _causal_blocks(qs: jax.Array, k: jax.Array, v: jax.Array, acc) -> jax.Array:
+    """Causal self-attention by query blocks: block i attends only to keys up to its end, which
+    skips the products above the diagonal (5/8 of the work for 4 blocks), as flash attention
+    kernels do. Same values as the full masked form: the skipped scores have zero weight."""
+    nb, L = qs.ndim - 2, qs.shape[-2]
+    size = L // _CAUSAL_BLOCKS
+    batch = (tuple(range(nb)),) * 2
+    outs = []
+    for i in range(_CAUSAL_BLOCKS):
+        end = (i + 1) * size
+        qi = lax.slice_in_dim(qs, i * size, end, axis=nb)
+        ki, vi = lax.slice_in_dim(k, 0, end, axis=nb), lax.slice_in_dim(v, 0, end, axis=nb)
+        scores = lax.dot_general(qi, ki, (((nb + 1,), (nb + 1,)), batch), preferred_element_type=acc)
+        keep = np.arange(i * size, end)[:, None] >= np.arange(end)[None, :]
+        p = _masked_softmax(_mask_out(scores, keep))
+        outs.append(lax.dot_general(p.astype(vi.dtype), vi, (((nb + 1,), (nb,)), batch), preferred_element_type=acc))
+    return lax.concatenate(outs, nb)
 
 
 @register(aten.scaled_dot_product_attention.default)

@@ -300,6 +300,19 @@ def test_sdpa(kw, gqa):
     _grad_check(fn, q, k, v)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 128, 16), (1, 2, 256, 8), (4, 128, 32)])
+def test_causal_self_attention_by_query_blocks(shape):
+    """Long causal self-attention runs as 4 query blocks (8 products, none above the diagonal)
+    with the values and gradients of the full masked form."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    _both(fn, q, k, v)
+    _grad_check(fn, q, k, v)
+    jaxpr = jax.make_jaxpr(lambda *a: jaxtorch.call_torch(fn, *a))(*[_jax(t) for t in (q, k, v)])
+    assert str(jaxpr).count("dot_general") == 8
+
+
 def test_sdpa_reaches_jaxtorch_whole():
     """The fused op, not torch's 'math' decomposition, is what the interpreter lowers."""
     from jaxtorch.bridge import interpreter
