@@ -90,12 +90,16 @@ def _lse_and_pick_fwd(x, target, cdim):
     # a gather of one value per row (XLA CPU does not fuse a one-hot select into the reduce, so
     # that form writes a full-size buffer); the VJP below is written out, so no scatter follows
     picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(target.astype(jnp.int32), cdim), axis=cdim), cdim)
-    return (jnp.squeeze(lse, cdim), picked), (x, lse, target)
+    return (jnp.squeeze(lse, cdim), picked), (x, lse, target, picked)
 
 
 def _lse_and_pick_bwd(cdim, residuals, cotangents):
-    x, lse, target = residuals
+    x, lse, target, picked = residuals
     g_lse, g_pick = (jnp.expand_dims(g, cdim) for g in cotangents)
+    # min(|picked|, 0) is 0 (NaN only where the row's gradient is NaN anyway), but reading it
+    # makes the gradient wait for the pick, so the gradient is the last reader of `x` and XLA
+    # writes it over `x`'s buffer; else the pick may run after it and keep `x` alive.
+    g_lse = g_lse + jnp.expand_dims(jnp.minimum(jnp.abs(picked), 0), cdim)
     dx = jnp.exp(x - lse) * g_lse + jnp.where(_class_hit(x.shape, target, cdim), g_pick, 0)
     return dx, None
 
