@@ -128,11 +128,26 @@ def _causal_blocks(qs: jax.Array, k: jax.Array, v: jax.Array, acc) -> jax.Array:
     return lax.concatenate(outs, nb)
 
 
+# Each transformer layer calls attention with the same shapes: as one jitted function, JAX traces
+# it once per model and reuses the jaxpr for the other layers (XLA inlines it when compiling).
+_sdpa_jit = jax.jit(sdpa, static_argnames=("dropout_p", "is_causal", "scale", "enable_gqa"))
+
+
+def _sdpa_once(q, k, v, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, rng=None):
+    """`sdpa` through `_sdpa_jit` when its options are Python values (the eager path passes a
+    float `scale` or `dropout_p` traced, to spare recompiles; those go to `sdpa` directly)."""
+    if isinstance(dropout_p, (int, float)) and (scale is None or isinstance(scale, (int, float))):
+        return _sdpa_jit(q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                         enable_gqa=enable_gqa, rng=rng)
+    return sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng)
+
+
 @register(aten.scaled_dot_product_attention.default)
 def scaled_dot_product_attention(query, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                                  enable_gqa=False):
     rng = next_key(aten.scaled_dot_product_attention.default) if dropout_p > 0 else None
-    return sdpa(query, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng)
+    return _sdpa_once(query, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                      enable_gqa=enable_gqa, rng=rng)
 
 
 @register(aten._scaled_dot_product_flash_attention_for_cpu.default)
@@ -140,7 +155,7 @@ def _scaled_dot_product_flash_attention_for_cpu(query, k, v, dropout_p=0.0, is_c
                                                 scale=None):
     """(output, logsumexp): the CPU flash kernel's outputs."""
     rng = next_key(aten._scaled_dot_product_flash_attention_for_cpu.default) if dropout_p > 0 else None
-    out = sdpa(query, k, v, attn_mask, dropout_p, is_causal, scale, False, rng)
+    out = _sdpa_once(query, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, rng=rng)
     L, S, E = query.shape[-2], k.shape[-2], query.shape[-1]
     sc = 1.0 / math.sqrt(E) if scale is None else scale
     scores = jnp.einsum("...le,...se->...ls", query.astype(jnp.float32), k.astype(jnp.float32)) * sc
