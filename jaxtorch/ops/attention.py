@@ -8,6 +8,10 @@ softmax, which XLA fuses. When torch autograd must record the op (a tensor on th
 device that requires grad), an `AutogradPrivateUse1` kernel routes it to torch's
 differentiable math path instead, so `loss.backward()` keeps working.
 
+Two choices for speed: causal self-attention of 128+ tokens runs by query blocks that skip
+the products above the diagonal (`_causal_blocks`), and the lowering goes through one
+`jax.jit` per option set, so the layers of a model trace it once (`_sdpa_once`).
+
 Example:
     ```python
     import jax.numpy as jnp, torch, jaxtorch
