@@ -47,6 +47,21 @@ def _relu_strict(z: jax.Array) -> jax.Array:
 
 
 # ---- nll, regression losses, binary cross entropy, kl ----------------------------------------
+def _class_hit(shape: tuple[int, ...], target: jax.Array, cdim: int) -> jax.Array:
+    """Bool one-hot of `target` along `cdim` (an iota comparison, which XLA fuses)."""
+    return lax.broadcasted_iota(jnp.int32, shape, cdim) == jnp.expand_dims(target.astype(jnp.int32), cdim)
+
+
+def _weighted_mean(loss: jax.Array, w: jax.Array, reduction: int) -> jax.Array:
+    """torch's nll reduction of per-element `loss` already multiplied by its class weight `w`:
+    the mean divides by the kept weights' sum; with every target ignored it is NaN, as in torch,
+    while the gradient stays 0 (torch's backward writes nothing for ignored targets)."""
+    if reduction != 1:
+        return jnp.sum(loss) if reduction == 2 else loss
+    total = jnp.sum(w)
+    return jnp.sum(loss) / jnp.where(total == 0, 1, total) + jnp.where(total == 0, jnp.nan, 0).astype(loss.dtype)
+
+
 def _nll(self, target, weight, reduction, ignore_index):
     """(loss, total_weight) for (N, C, ...) or (C,) log-probabilities."""
     cdim = 0 if self.ndim == 1 else 1
@@ -54,21 +69,13 @@ def _nll(self, target, weight, reduction, ignore_index):
     safe = jnp.where(valid, target, 0).astype(jnp.int32)
     # A one-hot select-and-sum rather than a gather: XLA fuses it, and its gradient is a fused
     # select instead of a scatter into a zero (N, C) array (slow on CPUs for large C).
-    hit = lax.broadcasted_iota(jnp.int32, self.shape, cdim) == jnp.expand_dims(safe, cdim)
-    picked = jnp.sum(jnp.where(hit, self, 0), axis=cdim)
+    picked = jnp.sum(jnp.where(_class_hit(self.shape, safe, cdim), self, 0), axis=cdim)
     w = jnp.where(valid, 1, 0).astype(self.dtype) if weight is None else jnp.where(valid, weight[safe], 0)
     loss = -picked * w
     if reduction == 0:
         return loss, jnp.zeros((), self.dtype)
     total = jnp.sum(w)
-    if reduction == 2:
-        return jnp.sum(loss), total
-    return jnp.sum(loss) / total, total
-
-
-def _class_hit(shape: tuple[int, ...], target: jax.Array, cdim: int) -> jax.Array:
-    """Bool one-hot of `target` along `cdim` (an iota comparison, which XLA fuses)."""
-    return lax.broadcasted_iota(jnp.int32, shape, cdim) == jnp.expand_dims(target.astype(jnp.int32), cdim)
+    return _weighted_mean(loss, w, reduction), total
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -107,16 +114,6 @@ def _lse_and_pick_bwd(cdim, residuals, cotangents):
 _lse_and_pick.defvjp(_lse_and_pick_fwd, _lse_and_pick_bwd)
 
 
-def _weighted_mean(loss: jax.Array, w: jax.Array, reduction: int) -> jax.Array:
-    """torch's nll reduction of per-element `loss` already multiplied by its class weight `w`:
-    the mean divides by the kept weights' sum; with every target ignored it is NaN, as in torch,
-    while the gradient stays 0 (torch's backward writes nothing for ignored targets)."""
-    if reduction != 1:
-        return jnp.sum(loss) if reduction == 2 else loss
-    total = jnp.sum(w)
-    return jnp.sum(loss) / jnp.where(total == 0, 1, total) + jnp.where(total == 0, jnp.nan, 0).astype(loss.dtype)
-
-
 @register(aten.cross_entropy_loss.default)
 def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     """`F.cross_entropy`, kept whole: class-index targets without label smoothing (the language
@@ -134,7 +131,7 @@ def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100
         lse, picked = _lse_and_pick(x, safe, cdim)
         return _weighted_mean((lse - picked) * w, w, reduction).astype(self.dtype)
     logp = jax.nn.log_softmax(x, axis=cdim)
-    nll = _weighted_mean(-jnp.sum(jnp.where(_class_hit(x.shape, safe, cdim), logp, 0), axis=cdim) * w, w, reduction)
+    nll = _nll(logp, target, weight, reduction, ignore_index)[0]
     cw = 1 if weight is None else jnp.reshape(weight.astype(x.dtype), (-1,) + (1,) * (x.ndim - cdim - 1))
     smooth = _weighted_mean(jnp.where(valid, -jnp.sum(logp * cw, axis=cdim), 0), w, reduction)
     return ((1 - label_smoothing) * nll + smooth * (label_smoothing / x.shape[cdim])).astype(self.dtype)
