@@ -15,6 +15,7 @@ costs on both sides; see README.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -89,25 +90,22 @@ def bench_trace() -> None:
 
 
 _MALLOC = " (tuned malloc)" if os.environ.get("JAXTORCH_BENCH_TUNED_MALLOC") else ""
-_PEAK: list[float] = []
-
-
+@functools.cache
 def _peak_rate() -> float:
     """FLOP/s of the fastest of 10 runs each of XLA's and PyTorch's 2048^3 float32 matrix product
     (the best rate seen, so that load during the measurement does not lower the floor)."""
-    if not _PEAK:
-        a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
-        ja, ta = jnp.asarray(a), torch.from_numpy(a)
-        mm = jax.jit(jnp.matmul)
-        best = float("inf")
-        for f in [lambda: mm(ja, ja).block_until_ready(), lambda: ta @ ta] * 10:
-            t0 = time.perf_counter()
-            f()
-            best = min(best, time.perf_counter() - t0)
-        _PEAK.append(2 * 2048**3 / best)
-    return _PEAK[0]
+    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
+    ja, ta = jnp.asarray(a), torch.from_numpy(a)
+    mm = jax.jit(jnp.matmul)
+    best = float("inf")
+    for f in [lambda: mm(ja, ja).block_until_ready(), lambda: ta @ ta] * 10:
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 2048**3 / best
 
 
+@functools.cache
 def _first_touch_seconds_per_byte() -> float:
     """What writing a freshly allocated large buffer costs over rewriting a reused one (the page
     faults of memory that malloc maps anew, ~0 with --tuned-malloc), per byte."""
