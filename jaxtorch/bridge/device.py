@@ -8,6 +8,7 @@ physical placement, or sharding, is the JAX array's own.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -64,25 +65,58 @@ class _JaxDeviceModule:
         _random.set_state(state)
 
 
-def _load_cpp_guard() -> bool:
-    """Register the C++ device guard (compiled once, cached by torch's cpp_extension)."""
-    if os.environ.get("JAXTORCH_PYTHON_GUARD"):
-        return False
-    try:
-        from torch.utils.cpp_extension import load_inline
+_JIT_NAME = "jaxtorch_device_guard_c10"
+_JIT_SECONDS = 10  # measured: 5-9 s on 2 busy cores (c10 headers only)
 
-        src = (Path(__file__).with_name("_device_guard.cpp")).read_text()
-        load_inline("jaxtorch_device_guard", cpp_sources=[src], functions=["jaxtorch_guard_loaded"])
-        return True
+
+def _prebuilt_guard():
+    """The guard module built at install time (setup.py), or None if missing or built for another torch."""
+    try:
+        from . import _device_guard
+    except ImportError:  # not built (a source checkout without `pip install -e .`), or it does not link
+        return None
+    return _device_guard if _device_guard.TORCH_VERSION == torch.__version__ else None
+
+
+def _build_guard_now():
+    """Compile the guard with torch's cpp_extension (cached in its build directory), saying so first."""
+    from torch.utils.cpp_extension import _get_build_directory, load
+
+    src = Path(__file__).with_name("_device_guard.cpp")
+    built = Path(_get_build_directory(_JIT_NAME, False)) / f"{_JIT_NAME}.so"
+    if not built.exists() or built.stat().st_mtime < src.stat().st_mtime:
+        print(f"jaxtorch: compiling its C++ device guard once (about {_JIT_SECONDS} s, then cached in {built.parent}); "
+              "`pip install -e .` builds it at install time instead", file=sys.stderr, flush=True)
+    return load(_JIT_NAME, [str(src)], extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch.__version__}"])
+
+
+def _load_cpp_guard() -> str:
+    """Register the C++ device guard; returns where it came from: `"prebuilt"`, `"built at import"` or `""`.
+
+    The install (`pip install -r requirements.txt`, setup.py) builds it as `jaxtorch.bridge._device_guard`;
+    a checkout without that module, or one built for another torch version, compiles it here once.
+    `JAXTORCH_PYTHON_GUARD=1` keeps torch's Python guard.
+    """
+    if os.environ.get("JAXTORCH_PYTHON_GUARD"):
+        return ""
+    module = _prebuilt_guard()
+    if module is not None:
+        module.register_guard()
+        return "prebuilt"
+    try:
+        _build_guard_now().register_guard()
+        return "built at import"
     except Exception as e:  # no compiler: the Python guard still works, errors in backward abort
         warnings.warn(
             f"jaxtorch could not build its C++ device guard ({type(e).__name__}: {e}); an exception raised "
             "inside loss.backward() on the jax device will abort the process. Install a C++ compiler to fix this."
         )
-        return False
+        return ""
 
 
-CPP_GUARD: bool = False
+# Where the C++ device guard came from: "prebuilt" (the install built it), "built at import", or "" (none:
+# torch's Python guard is used).
+CPP_GUARD: str = ""
 
 
 _ONE_ACCELERATOR = (
