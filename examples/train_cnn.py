@@ -54,14 +54,18 @@ def cross_entropy(logits, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def train(model, state, step, x, y, first: int, last: int, key, batch: int = 64):
+def train(model, state, step, x, y, first: int, last: int, key, batch: int = 64, log_every: int = 20):
     losses = []
-    with tqdm(range(first, last), desc="train", unit="step", mininterval=1.0) as bar:
+    # A progress bar on a terminal; in a pipe or a log file (disable=None: stderr is not a terminal)
+    # tqdm's redraws would pile up on one line, so print a plain line every `log_every` steps instead.
+    with tqdm(range(first, last), desc="train", unit="step", mininterval=1.0, disable=None) as bar:
         for i in bar:
             idx = np.random.default_rng(i).choice(len(x), batch, replace=False)
             state, loss = step(state, x[idx], y[idx], jax.random.fold_in(key, i))
             losses.append(float(loss))
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if bar.disable and (i + 1) % log_every == 0:
+                print(f"train step {i + 1}/{last}: loss {losses[-1]:.3f}", flush=True)
     return state, losses
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
@@ -37,6 +38,7 @@ def test_how_classifies_like_the_interpreter():
     assert cov.how(aten.add_.Tensor) == cov.LOWERED  # through the functional sibling
     assert cov.how(aten.add.out) == cov.LOWERED
     assert cov.how(aten._to_copy.default) == cov.LOWERED  # the bridge's own op
+    assert cov.how(aten.copy.default) == cov.LOWERED  # the functional copy_
     assert cov.how(OPS.missing.default) == cov.MISSING
     assert cov.how(OPS.via_aten.default) == cov.DECOMPOSED
     assert cov.family(aten.arange.start_step) == "creation"
@@ -81,15 +83,30 @@ def test_report_counts_add_up():
     assert "Universe 'core'" in text and "creation" in text and "Covered only via PyTorch decompositions" in text
     for name in rep.missing:
         assert name in text
+    assert rep.missing == []  # every core ATen op has a lowering or a decomposition
 
 
 def test_command_line_entry_point():
     out = subprocess.run([sys.executable, "-m", "jaxtorch.coverage", "--no-list-missing"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr  # runpy's RuntimeWarning about sys.modules
+    assert "classifying ops" not in out.stderr, out.stderr  # no progress bar into a pipe
     assert "Lowerings registered, by family" in out.stdout
     assert "creation" in out.stdout and "random" in out.stdout
     assert "no lowering and no decomposition" in out.stdout
+
+
+def test_progress_bars_only_on_terminals_and_notebooks(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert cov._progress_shown(1000) and not cov._progress_shown(3)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe or a log file
+    assert not cov._progress_shown(1000)
 
 
 def test_main_family_listing(capsys):

@@ -386,6 +386,13 @@ def alias_copy(a):
     return jnp.array(a, copy=True)
 
 
+@register(aten.copy.default)
+def copy(a, src, non_blocking=False):
+    """`aten.copy(a, src)`, the functional `a.copy_(src)` (functionalization and `torch.export` emit it):
+    `src` cast to `a`'s dtype and broadcast to its shape."""
+    return jnp.broadcast_to(jnp.asarray(src).astype(a.dtype), a.shape)
+
+
 # ---- joining ------------------------------------------------------------------------------------
 @register(aten.cat.default)
 def cat(tensors, dim=0):

@@ -48,6 +48,14 @@ def _check(fn, *tensors, jit: bool = True):
         _assert_same(ref, jax.jit(lambda *a: jaxtorch.call_torch(fn, *a))(*arrays))
 
 
+def test_functional_copy_casts_and_broadcasts():
+    # aten.copy is the functional `a.copy_(src)` that functionalization and torch.export emit.
+    x, src = torch.zeros(2, 3, dtype=torch.int32), torch.tensor([1.7, -2.5, 3.2])
+    _check(lambda a, s: torch.ops.aten.copy(a, s), x, src)
+    got = jaxtorch.call_torch(lambda a, s: torch.ops.aten.copy(a, s), _j(x), _j(src))
+    assert got.dtype == jnp.int32 and got.shape == (2, 3)
+
+
 # ---- views alias their base ------------------------------------------------------------------
 def _view_program(x):
     x = x.clone()

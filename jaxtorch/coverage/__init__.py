@@ -44,9 +44,9 @@ with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
-from .bridge import interpreter as _interp
-from .bridge.dtypes import to_torch_dtype
-from .ops import registry
+from ..bridge import interpreter as _interp
+from ..bridge.dtypes import to_torch_dtype
+from ..ops import registry
 
 aten = torch.ops.aten
 LOWERED, DECOMPOSED, MISSING = "lowered", "decomposed", "missing"
@@ -54,6 +54,12 @@ _BACKEND_WORDS = ("cudnn", "miopen", "mkldnn", "mps", "quantize", "quantized", "
                   "cufft", "cudnn", "_cslt", "vulkan", "xnnpack", "onednn", "_efficientzerotensor",
                   "_test_", "_fused_moving_avg", "_sparse", "to_padded_tensor", "coalesce", "_mkl")
 _PROGRESS_MIN = 64  # show a progress bar from this many ops on
+
+
+def _progress_shown(n: int) -> bool:
+    """Progress bars for long loops, on a terminal or in a notebook only (in a pipe or a log file
+    tqdm's redraws pile up on one line that shows the first count until the loop ends)."""
+    return n >= _PROGRESS_MIN and (sys.stderr.isatty() or "ipykernel" in sys.modules)
 
 
 # ---- classification (mirrors interpreter._build_runner) ---------------------------------------
@@ -196,7 +202,7 @@ def report(kind: str = "core", progress: bool = True) -> Report:
         families[family(op) or "?"] += 1
     split: dict[str, list[str]] = {LOWERED: [], DECOMPOSED: [], MISSING: []}
     ops = universe(kind)
-    for op in tqdm(ops, desc="classifying ops", disable=not progress or len(ops) < _PROGRESS_MIN, leave=False):
+    for op in tqdm(ops, desc="classifying ops", disable=not (progress and _progress_shown(len(ops))), leave=False):
         split[how(op)].append(op_name(op))
     return Report(dict(families), kind, split[LOWERED], split[DECOMPOSED], split[MISSING])
 
@@ -229,8 +235,8 @@ def _leaf_to(x, device: str):
     """A jax array, `JaxTensor` or torch tensor as a fresh tensor on `device` ('meta' or 'cpu')."""
     import jax
 
-    from .bridge.convert import to_torch
-    from .bridge.tensor import JaxTensor
+    from ..bridge.convert import to_torch
+    from ..bridge.tensor import JaxTensor
 
     if isinstance(x, jax.Array):
         if device == "meta":
@@ -246,7 +252,7 @@ def _leaf_to(x, device: str):
 
 
 def _inputs_to(tree, device: str):
-    from .bridge.convert import tree_map
+    from ..bridge.convert import tree_map
 
     return tree_map(lambda x: _leaf_to(x, device), tree)
 
@@ -373,7 +379,7 @@ def check(model, *example_args, backward: bool = False, jit: bool = False, **kwa
     checker = _Checker(jit)
     problems = []
     items = list(calls.items())
-    for op, (a, k) in tqdm(items, desc="checking ops", disable=len(items) < _PROGRESS_MIN, leave=False):
+    for op, (a, k) in tqdm(items, desc="checking ops", disable=not _progress_shown(len(items)), leave=False):
         why = checker.problem(op, a, k)
         if why is not None:
             problems.append(f"{op_name(op)}: {why}")
@@ -399,6 +405,3 @@ def main(argv: list[str] | None = None) -> int:
     print(rep.format(list_decomposed=ns.list_decomposed, list_missing=not ns.no_list_missing))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
