@@ -8,13 +8,16 @@ from typing import Any, Callable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
 
 from . import pytrees, scopes
-from .convert import jax_view, to_jax, torch_view, tree_map
+from .convert import jax_view, tensor_to_jax, torch_view, tree_map
 from .environment import default_env
 from .precision import matmul_precision
 from .random import key_scope
+from .reparam import as_found, bound, named_state
 from .tensor import JaxTensor
 
 
@@ -32,6 +35,11 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
     - `args`, `kwargs`: its arguments, with `jax.Array`s where tensors go.
     - `rng`: a JAX PRNG key that random ops (dropout, `torch.rand`, ...) draw from.
 
+    Arguments follow `jax.jit`'s rule, with and without it: JAX arrays, NumPy arrays
+    (converted as `jnp.asarray` converts them) and Python values; a torch tensor raises
+    `TypeError` saying to pass `jaxtorch.to_jax(t)`. Modules `fn` is, is bound to, or gets
+    as an argument are left exactly as found (a write to their CPU tensors raises).
+
     **Returns:** `fn`'s result with each tensor replaced by its `jax.Array`.
 
     **Example:**
@@ -39,8 +47,40 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
         y = jax.jit(lambda x: jaxtorch.call_torch(torch.nn.functional.gelu, x))(jnp.ones(3))
         ```
     """
-    targs, tkwargs = torch_view((args, kwargs))
-    return _run_torch(fn, targs, tkwargs, rng)
+    targs, tkwargs = torch_view(jax_inputs((args, kwargs), "jaxtorch.call_torch"))
+    with as_found(_modules_of(fn, args, kwargs)):
+        return _run_torch(fn, targs, tkwargs, rng)
+
+
+def _modules_of(fn, args, kwargs) -> list[torch.nn.Module]:
+    """The modules a `call_torch` call can reach directly: `fn`, its `__self__`, its arguments."""
+    found = [fn, getattr(fn, "__self__", None), *args, *kwargs.values()]
+    return [m for m in found if isinstance(m, torch.nn.Module)]
+
+
+def _reject_tensor(where: str):
+    def check(x):
+        if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor):
+            raise TypeError(
+                f"{where} takes JAX arrays, as jax.jit does (which rejects torch tensors before jaxtorch "
+                f"sees them); got a torch.Tensor on {x.device} ({x.dtype}, shape {tuple(x.shape)}). Pass "
+                "`jaxtorch.to_jax(t)` (zero-copy on the CPU). NumPy arrays are fine: they are converted as "
+                "jnp.asarray converts them."
+            )
+        if isinstance(x, np.ndarray):
+            return jnp.asarray(x)
+        return x
+
+    return check
+
+
+def jax_inputs(tree, where: str):
+    """`tree` with NumPy arrays as JAX arrays (what `jax.jit` does to them); torch tensors raise.
+
+    One rule for the JAX-first entry points (`call_torch`, `extract`'s `fn`, `TorchModule`),
+    the same with and without `jax.jit`.
+    """
+    return tree_map(_reject_tensor(where), tree)
 
 
 def _run_torch(fn: Callable, targs, tkwargs, rng) -> Any:
@@ -53,22 +93,9 @@ def _run_torch(fn: Callable, targs, tkwargs, rng) -> Any:
 
 
 def _jaxify_leftovers(tree):
-    """Plain CPU tensors in a result (e.g. constants) become JAX arrays too."""
-    return tree_map(lambda x: to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree)
-
-
-def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters then buffers by name, tied tensors once (first name, as `named_parameters` gives)."""
-    state: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, p in module.named_parameters(remove_duplicate=True):
-        state[name] = p
-        seen.add(id(p))
-    for name, b in module.named_buffers(remove_duplicate=True):
-        if id(b) not in seen:
-            state[name] = b
-            seen.add(id(b))
-    return state
+    """Plain CPU tensors in a result (constants, a module's own tensor) become JAX arrays too:
+    snapshots, so a later torch write to them does not reach the result."""
+    return tree_map(lambda x: tensor_to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree)
 
 
 def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str, jax.Array], Callable]:
@@ -81,6 +108,13 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
     state, so `jax.jit`, `jax.grad` and `jax.vmap` apply. The module's mode
     (`train()`/`eval()`) at call time is used; random ops draw from `rng`.
 
+    `params` never change afterwards, whatever torch does to the module (a train-mode
+    forward updating BatchNorm statistics, an optimizer step, `load_state_dict`): on the
+    CPU they share the module's memory, made copy-on-write, so the module's next in-place
+    write copies the tensor it writes first and `params` keep the values they had (no copy
+    until then; reads do not copy). `fn` leaves the module exactly as it found it. Its
+    arguments follow `jax.jit`'s rule (see `call_torch`).
+
     With `mutable=True`, `fn` returns `(output, new_params)`: buffers the forward writes
     in place (BatchNorm running statistics, ...) come back updated, the rest unchanged.
 
@@ -91,24 +125,25 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
         grads = jax.grad(lambda p: fn(p, x).sum())(params)
         ```
     """
-    state = named_state(module)
-    params = {name: to_jax(t.detach()) for name, t in state.items()}
+    params = {name: tensor_to_jax(t) for name, t in named_state(module).items()}
+    return params, _module_fn(module, mutable)
+
+
+def _module_fn(module: torch.nn.Module, mutable: bool) -> Callable:
+    """The pure function of `extract`: runs `module` with the given params, leaves it as found."""
     lock = _module_lock(module)
     scopes.name_modules(module)
 
-    def run(p, *a, **k):
-        return torch.func.functional_call(module, p, a, k, tie_weights=True, strict=False)
-
     def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
         tparams = {name: JaxTensor(value) for name, value in params.items()}
-        targs, tkwargs = torch_view((args, kwargs))
-        with lock, scopes.module_scopes():  # functional_call swaps the module's attributes
-            out = _run_torch(run, (tparams, *targs), tkwargs, rng)
+        targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
+        with lock, scopes.module_scopes(), bound(module, tparams):
+            out = _run_torch(module, targs, tkwargs, rng)
         if not mutable:
             return out
         return out, {name: t.elem for name, t in tparams.items()}
 
-    return params, fn
+    return fn
 
 
 _locks: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
@@ -147,13 +182,15 @@ _fns: "dict[int, Callable]" = {}
 def _fn_cache(module):
     fn = _fns.get(id(module))
     if fn is None:
-        _, fn = extract(module)
-        _fns[id(module)] = fn
+        fn = _fns[id(module)] = _module_fn(module, mutable=False)
     return fn
 
 
 def torch_module_to_jax(module: torch.nn.Module) -> TorchModule:
     """Wrap a torch module as an `equinox.Module` whose parameters are JAX arrays.
+
+    The arrays are `extract`'s: they never change afterwards, whatever torch does to the
+    module, and calling the wrapper leaves the module as found.
 
     **Example:**
         ```python

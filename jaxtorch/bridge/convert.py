@@ -3,8 +3,10 @@
 Two kinds of conversion:
 - `jax_view` / `torch_view`: no copy. `torch_view` wraps each `jax.Array` of a nested
   structure in a `JaxTensor`; `jax_view` unwraps each `JaxTensor` back to its array.
-- `to_jax` / `to_torch`: plain CPU `torch.Tensor` <-> `jax.Array`, through DLPack (zero
-  copy) whenever the layout allows; non-contiguous tensors are made contiguous first.
+- `to_jax` / `to_torch`: plain CPU `torch.Tensor` <-> `jax.Array`, zero copy whenever the
+  layout allows (NumPy's buffer protocol one way, DLPack the other); non-contiguous
+  tensors are made contiguous first. `to_jax` gives views; `tensor_to_jax` (what
+  `.to("jax")`, `copy_` and `extract` use) gives snapshots that never change afterwards.
 
 Both walk arbitrary nesting: list, tuple, dict, namedtuple, dataclasses,
 `torch.return_types.*`, Hugging Face `ModelOutput`, None, Python scalars, and dtypes
@@ -83,8 +85,76 @@ def jax_view(tree: Any) -> Any:
 
 
 # ---- real conversions -----------------------------------------------------------------
-def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None) -> jax.Array:
-    """A plain torch tensor -> `jax.Array`, zero-copy through DLPack when possible."""
+_SMALL = 1 << 16  # bytes: below this a snapshot is a plain copy (cheaper than copy-on-write)
+_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _host_view(t: torch.Tensor) -> np.ndarray:
+    """A NumPy array sharing the memory of the contiguous CPU tensor `t`, in `t`'s dtype.
+
+    bfloat16 and float8 go through an integer view of the same size (NumPy's `ml_dtypes`).
+    """
+    want = _np_dtype(t.dtype)
+    try:
+        host = t.numpy()
+    except TypeError:  # no NumPy dtype in torch's own mapping
+        host = t.view(_BY_SIZE[t.element_size()]).numpy()
+    return host if host.dtype == want else host.view(want)
+
+
+class _Frozen:
+    """NumPy's view of memory that torch's copy-on-write keeps unchanged; holds it alive."""
+
+    def __init__(self, ptr: int, shape: tuple, typestr: str, keep: torch.Tensor):
+        self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr, "version": 3}
+        self.keep = keep  # the copy-on-write alias that owns the memory while JAX reads it
+
+
+def _frozen_host(t: torch.Tensor) -> np.ndarray | None:
+    """A NumPy view of `t`'s memory that no later torch write can change, or None.
+
+    `torch._lazy_clone` makes the storage copy-on-write: the next write through any tensor
+    on it (an optimizer step, BatchNorm statistics, `load_state_dict`, `add_`) first copies
+    the data, and the old memory, held by the clone, stays as it was. Reads do not copy.
+    Storages torch does not own (`from_numpy`, mmap, DLPack) cannot be made copy-on-write.
+    """
+    lazy_clone = getattr(torch, "_lazy_clone", None)
+    if lazy_clone is None:
+        return None
+    ptr = t.const_data_ptr()  # the read-only accessor: does not trigger a copy-on-write copy
+    try:
+        keep = lazy_clone(t)
+    except RuntimeError:
+        return None
+    if keep.const_data_ptr() != ptr:  # pragma: no cover - a copy was made after all
+        return None
+    size = t.element_size()
+    base = np.asarray(_Frozen(ptr, tuple(t.shape), np.dtype(f"<u{size}" if size > 1 else "u1").str, keep))
+    return base.view(_np_dtype(t.dtype))
+
+
+def _host_snapshot(t: torch.Tensor) -> np.ndarray:
+    """NumPy data with `t`'s current values that no later torch write can change: the same memory
+    made copy-on-write where possible (no copy), else a copy."""
+    if t.numel() * t.element_size() >= _SMALL:
+        frozen = _frozen_host(t)
+        if frozen is not None:
+            return frozen
+    return np.array(_host_view(t), copy=True)
+
+
+def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: bool = False) -> jax.Array:
+    """A plain torch tensor -> `jax.Array` with the values `t` holds now.
+
+    With `share=False` (the default: `.to("jax")`, `copy_`, `extract`, constants) the result
+    never changes afterwards, whatever torch writes to `t`: when JAX's device is the CPU it
+    reads `t`'s memory made copy-on-write (no copy; torch's next write to `t` copies first),
+    otherwise it gets a copy. With `share=True` (`to_jax`) it is a view: JAX reads `t`'s
+    memory as it is (zero copy on the CPU), so later writes to `t` show through.
+
+    Like `jnp.asarray`, the result is uncommitted (JAX may move it to where the computation
+    runs) unless `device` is given.
+    """
     if isinstance(t, JaxTensor):
         return t.elem
     t = t.detach()
@@ -92,24 +162,19 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None) -> jax.Arra
         t = t.cpu()
     if t.dtype in (torch.float64, torch.complex128) and t.numel() > 1 and not x64_enabled():
         raise Float64Error(t.dtype)  # user data: never narrowed silently
-    target = to_jax_dtype(t.dtype)
+    target = np.dtype(to_jax_dtype(t.dtype))
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.dtype == torch.bool or np.dtype(target) != _np_dtype(t.dtype):
-        arr = jnp.asarray(t.numpy() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy().view(target))
-        arr = arr.astype(target)
+    if not t.is_contiguous():
+        t = t.contiguous()  # new memory nothing else writes: sharing it is a snapshot
+        share = True
+    if target != _np_dtype(t.dtype):  # int64 stored as int32 without x64: a converted copy
+        host = _host_view(t).astype(target)
     else:
-        if not t.is_contiguous():
-            t = t.contiguous()
-        try:
-            arr = jax.dlpack.from_dlpack(t)
-        except Exception:  # layouts DLPack refuses (e.g. zero-size, odd strides)
-            arr = jnp.asarray(t.numpy())
-    if device is not None:
-        arr = jax.device_put(arr, device)
-    return arr
+        host = _host_view(t) if share else _host_snapshot(t)
+    return jax.device_put(host, device)
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
@@ -143,7 +208,7 @@ def array_to_torch(a) -> torch.Tensor:
 
 def _to_jax_leaf(x):
     if isinstance(x, torch.Tensor):
-        return tensor_to_jax(x)
+        return tensor_to_jax(x, share=True)
     if isinstance(x, torch.dtype):
         return to_jax_dtype(x)
     return x
@@ -161,6 +226,11 @@ def _to_torch_leaf(x):
 
 def to_jax(tree: Any) -> Any:
     """Convert every torch tensor in `tree` to a `jax.Array` (zero-copy for contiguous CPU tensors).
+
+    The arrays are views: on the CPU they read the tensors' memory, so a later in-place
+    write to a tensor shows in its array. For arrays that never change, take them from a
+    module with `extract`, or convert a `.clone()`. Like `jnp.asarray`'s, the arrays are
+    not committed to a device, so they mix with other JAX arrays without recompiling.
 
     **Example:**
         ```python

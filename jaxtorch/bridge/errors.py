@@ -56,6 +56,20 @@ class DeviceMismatchError(JaxtorchError):
         )
 
 
+class StateWriteError(JaxtorchError):
+    """Torch code run as a pure JAX function (`call_torch`, `extract`'s `fn`) wrote to a CPU tensor."""
+
+    def __init__(self, op, shape):
+        name = getattr(op, "name", lambda: str(op))()
+        super().__init__(
+            f"`{name}` writes to a CPU tensor of shape {tuple(shape)} inside `jaxtorch.call_torch` (or the "
+            "function from `jaxtorch.extract`), which runs torch code as a pure JAX function: it never changes "
+            "torch state, eagerly or under jax.jit. If the tensor is a module buffer (BatchNorm running "
+            "statistics), use `params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns the new values; "
+            "or call `model.eval()`."
+        )
+
+
 class Float64Error(JaxtorchError, TypeError):
     """A float64/complex128 value met JAX with 64-bit mode off."""
 

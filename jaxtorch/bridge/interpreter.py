@@ -34,7 +34,7 @@ from . import eager, tracing
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
-from .errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
+from .errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
 from .random import next_key
 from .tensor import JaxTensor, make_view, rebind, write
 
@@ -256,6 +256,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
             if t is None:
                 continue
             if not isinstance(t, JaxTensor):
+                _cpu_write(func, t)
                 raise DeviceMismatchError(func, t.device)
             value = r.elem if isinstance(r, JaxTensor) else r
             if tuple(value.shape) != tuple(t.shape):
@@ -416,8 +417,15 @@ def _copy_(args, kwargs):
         write(dst, src.elem if isinstance(src, JaxTensor) else tensor_to_jax(src))
         return dst
     # jax -> cpu copy into a plain tensor
+    _cpu_write(aten.copy_.default, dst)
     dst.copy_(array_to_torch(src.elem))
     return dst
+
+
+def _cpu_write(func, dst) -> None:
+    """Inside `call_torch`/`extract`'s fn, torch state (a CPU tensor) is never written."""
+    if jax_by_default():
+        raise StateWriteError(func, dst.shape)
 
 
 def _local_scalar_dense(args, kwargs):
@@ -543,6 +551,7 @@ def _copy_from(src, dst, non_blocking=False):
     if isinstance(dst, JaxTensor):
         write(dst, src.elem if isinstance(src, JaxTensor) else tensor_to_jax(src))
     else:
+        _cpu_write(aten._copy_from.default, dst)
         dst.copy_(array_to_torch(src.elem))
     return dst
 
