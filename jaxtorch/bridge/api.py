@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import torch
 
-from . import pytrees, scopes
+from . import explicit, pytrees, scopes
 from .convert import jax_view, to_jax, torch_view, tree_map
 from .environment import default_env
 from .precision import matmul_precision
@@ -43,11 +43,15 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
     return _run_torch(fn, targs, tkwargs, rng)
 
 
-def _run_torch(fn: Callable, targs, tkwargs, rng) -> Any:
-    """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result."""
-    with default_env(jax_by_default=True), key_scope(rng), matmul_precision():
+def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
+    """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
+
+    Explicitly sharded arguments run with their mesh's axes Auto (`explicit.auto_axes`);
+    `data` is the part of the arguments that is data, not parameters (default: all)."""
+    with default_env(jax_by_default=True), key_scope(rng), matmul_precision(), \
+            explicit.auto_axes((targs, tkwargs), data) as region:
         out = fn(*targs, **tkwargs)
-    out = jax_view(_jaxify_leftovers(out))
+    out = region.finish(jax_view(_jaxify_leftovers(out)))
     pytrees.ensure_registered(out)
     return out
 
@@ -103,7 +107,7 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
         tparams = {name: JaxTensor(value) for name, value in params.items()}
         targs, tkwargs = torch_view((args, kwargs))
         with lock, scopes.module_scopes():  # functional_call swaps the module's attributes
-            out = _run_torch(run, (tparams, *targs), tkwargs, rng)
+            out = _run_torch(run, (tparams, *targs), tkwargs, rng, data=(targs, tkwargs))
         if not mutable:
             return out
         return out, {name: t.elem for name, t in tparams.items()}
