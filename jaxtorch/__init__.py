@@ -24,6 +24,7 @@ from .bridge.export import export
 from .bridge.autograd import call_jax, jax_function_to_torch
 from .bridge.jax_module import JaxModule
 from .bridge.convert import jax_view, to_jax, to_torch, torch_view
+from .bridge.pytrees import register_object
 from .bridge.environment import default_env, disable_globally, enable_globally
 from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, UnsupportedOpError
 from .bridge.random import manual_seed
@@ -53,6 +54,7 @@ __all__ = [
     "load_checkpoint",
     "load_into",
     "manual_seed",
+    "register_object",
     "register_op",
     "save_checkpoint",
     "to_jax",

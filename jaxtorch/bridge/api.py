@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import pytrees, scopes
+from . import explicit, pytrees, scopes
 from .convert import jax_view, tensor_to_jax, torch_view, tree_map
 from .environment import default_env
 from .precision import matmul_precision
@@ -83,11 +83,15 @@ def jax_inputs(tree, where: str):
     return tree_map(_reject_tensor(where), tree)
 
 
-def _run_torch(fn: Callable, targs, tkwargs, rng) -> Any:
-    """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result."""
-    with default_env(jax_by_default=True), key_scope(rng), matmul_precision():
+def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
+    """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
+
+    Explicitly sharded arguments run with their mesh's axes Auto (`explicit.auto_axes`);
+    `data` is the part of the arguments that is data, not parameters (default: all)."""
+    with default_env(jax_by_default=True), key_scope(rng), matmul_precision(), \
+            explicit.auto_axes((targs, tkwargs), data) as region:
         out = fn(*targs, **tkwargs)
-    out = jax_view(_jaxify_leftovers(out))
+    out = region.finish(jax_view(_jaxify_leftovers(out)))
     pytrees.ensure_registered(out)
     return out
 
@@ -138,7 +142,7 @@ def _module_fn(module: torch.nn.Module, mutable: bool) -> Callable:
         tparams = {name: JaxTensor(value) for name, value in params.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
         with lock, scopes.module_scopes(), bound(module, tparams):
-            out = _run_torch(module, targs, tkwargs, rng)
+            out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))
         if not mutable:
             return out
         return out, {name: t.elem for name, t in tparams.items()}

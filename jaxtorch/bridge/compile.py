@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -42,14 +43,16 @@ import jax
 import torch
 
 from . import random as _random
+from . import tensor as _tensor
 from .api import _module_lock, _run_torch, named_state
 from .convert import array_to_torch, tensor_to_jax
+from .errors import JaxtorchError
 from .tensor import JaxTensor, write
-from .torch_state import Holders, freeze
+from .torch_state import ArgState, Holders, ModuleSnapshot, swap_in
 
 
-def _is_tensor(x) -> bool:
-    return isinstance(x, torch.Tensor)
+class StateWriteError(JaxtorchError):
+    """A compiled function wrote in place into a tensor that is not program state."""
 
 
 class Compiled:
@@ -57,14 +60,21 @@ class Compiled:
 
     def __init__(self, target: torch.nn.Module | Callable, *, state: tuple = ()):
         self._target = target
-        self._module = target if isinstance(target, torch.nn.Module) else None
+        if isinstance(target, torch.nn.Module):
+            self._module, self._call = target, None
+        elif inspect.ismethod(target) and isinstance(target.__self__, torch.nn.Module):
+            # `model.forward = jaxtorch.compile(model.forward)`: the module is state, and the
+            # original bound method is what runs (calling the module would come back here)
+            self._module, self._call = target.__self__, target
+        else:
+            self._module, self._call = None, target
         self._state_objects = tuple(state)
         self._programs: dict[Any, Callable] = {}
         self._aux: dict[Any, Any] = {}
         self._random: dict[Any, bool] = {}  # signature -> whether its program draws random numbers
         self._lock = threading.RLock()
         self.compilations = 0
-        functools.update_wrapper(self, target.forward if self._module is not None else target)
+        functools.update_wrapper(self, target.forward if self._call is None else target)
 
     @contextlib.contextmanager
     def _draws(self, key, rng):
@@ -73,84 +83,106 @@ class Compiled:
             yield
         self._random[key] = cell[0] is not rng
 
-    def _program(self, key, treedef, statics):
+    def _run(self, fn, key, args, kwargs, rng):
+        """Run the user's code while tracing: writes to tensors that are not state raise."""
+        with self._draws(key, rng), _refusing_untracked_writes(self._target):
+            return _run_torch(fn, args, kwargs, None)
+
+    def _program(self, key, argstate: ArgState):
         prog = self._programs.get(key)
         if prog is not None:
             return prog
-        module = self._module
-        target = self._target
+        module, call = self._module, self._call
 
         def traced(state: dict, dyn: list, rng):
             self.compilations += 1  # runs once per trace
-            args, kwargs = _rebuild(treedef, statics, dyn)
+            args, kwargs, inputs = argstate.rebuild(dyn)
             if module is None:
-                with self._draws(key, rng):
-                    return _run_torch(target, args, kwargs, None), {}
-            tstate = {k: JaxTensor(v) for k, v in state.items()}
-
-            def run(*a, **k):
-                return torch.func.functional_call(module, tstate, a, k, tie_weights=True, strict=False)
-
-            with self._draws(key, rng):
-                out = _run_torch(run, args, kwargs, None)
-            changed = {k: t.elem for k, t in tstate.items() if t._jt_version}
-            return out, changed
+                out = self._run(call, key, args, kwargs, rng)
+                changed = {}
+            else:
+                tstate = {k: JaxTensor(v) for k, v in state.items()}
+                names = {id(t): n for n, t in named_state(module).items()}
+                snap = ModuleSnapshot([module])
+                try:
+                    slots = swap_in(module, tstate, names)
+                    swapped = ModuleSnapshot([module])
+                    out = self._run(call if call is not None else module, key, args, kwargs, rng)
+                    for d, k, name in slots:  # `self.buf = new` inside the forward: a write too
+                        if d[k] is not tstate[name]:
+                            _rebound(tstate[name], d[k], name)
+                    leaked = swapped.leaks()
+                finally:
+                    snap.restore()
+                if leaked:
+                    raise StateWriteError(_leak_message(leaked))
+                changed = {k: t.elem for k, t in tstate.items() if t._jt_version}
+            written, new, aux = argstate.outcome(args, kwargs, inputs)
+            self._aux[key] = aux
+            return out, changed, written, new
 
         prog = jax.jit(traced)
         self._programs[key] = prog
         return prog
 
-    def _step_program(self, key, treedef, statics, holders: Holders, opt_statics, random_key):
+    def _step_program(self, key, argstate: ArgState, holders: Holders, opt_statics, random_key):
         """A program for a function that updates modules/optimizers (a train step)."""
         prog = self._programs.get(key)
         if prog is not None:
             return prog
-        target = self._target
+        target = self._call
 
         def traced(state, dyn: list, rng):
             self.compilations += 1  # runs once per trace
-            args, kwargs = _rebuild(treedef, statics, dyn)
+            args, kwargs, inputs = argstate.rebuild(dyn)
             snap = holders.snapshot()
+            modules = ModuleSnapshot(holders.modules)
             try:
                 holders.install(state, opt_statics, tracing=True)
-                with self._draws(random_key, rng):
-                    out = _run_torch(target, args, kwargs, None)
+                out = self._run(target, random_key, args, kwargs, rng)
                 new_state, _ = holders.read()
-                self._aux[key] = holders.state_statics()
+                self._aux[("holders", key)] = holders.state_statics()
+                leaked = modules.leaks()
             finally:
                 holders.restore(snap)
+                modules.restore()
+            if leaked:
+                raise StateWriteError(_leak_message(leaked))
             new_state.lrs = [[None] * len(per) for per in new_state.lrs]  # inputs only
-            return out, new_state
+            written, new, aux = argstate.outcome(args, kwargs, inputs)
+            self._aux[key] = aux
+            return out, new_state, written, new
 
         prog = jax.jit(traced)
         self._programs[key] = prog
         return prog
 
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
-        holders_objs = self._state_objects + tuple(x for x in leaves if _is_holder(x))
-        statics = tuple(_DYN if _is_tensor(x) else x for x in leaves)
-        dyn = [x.elem if isinstance(x, JaxTensor) else tensor_to_jax(x) for x in leaves if _is_tensor(x)]
-        key = (treedef, tuple(freeze(s) for s in statics), self._module.training if self._module else None)
+        argstate = ArgState.of(args, kwargs)
+        holders_objs = self._state_objects + argstate.holders()
+        dyn = argstate.arrays()
+        key = (argstate.key(dyn), self._module.training if self._module is not None else None)
         if rng is None:  # the eager generator, only for programs that draw (or not traced yet)
             rng = _random._eager_key() if self._random.get(key, True) else _no_key()
         if holders_objs:
-            return self._call_step(key, treedef, statics, dyn, holders_objs, rng)
+            return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, rng)
         state_tensors = named_state(self._module) if self._module is not None else {}
         state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
-        with self._lock:
-            prog = self._program(key, treedef, statics)
-        out, changed = prog(state, dyn, rng)
-        for name, value in changed.items():
-            t = state_tensors[name]
-            if isinstance(t, JaxTensor):
-                write(t, value)
-            else:
-                with torch.no_grad():
-                    t.copy_(array_to_torch(value))
+        lock = _module_lock(self._module) if self._module is not None else contextlib.nullcontext()
+        with self._lock, lock:
+            prog = self._program(key, argstate)
+            out, changed, written, new = prog(state, dyn, rng)
+            for name, value in changed.items():
+                t = state_tensors[name]
+                if isinstance(t, JaxTensor):
+                    write(t, value)
+                else:
+                    with torch.no_grad():
+                        t.copy_(array_to_torch(value))
+            argstate.write_back(args, kwargs, self._aux[key], written, new)
         return _wrap(out)
 
-    def _call_step(self, key, treedef, statics, dyn, objects, rng):
+    def _call_step(self, key, argstate, dyn, args, kwargs, objects, rng):
         if self._module is not None:
             raise TypeError("jaxtorch.compile: pass modules/optimizers to a compiled *function*, not to a "
                             "compiled module's forward")
@@ -163,35 +195,116 @@ class Compiled:
                 state, signature = holders.read()
                 opt_statics = holders.state_statics()
                 pkey = (key, tuple(id(o) for o in objects), signature)
-                prog = self._step_program(pkey, treedef, statics, holders, opt_statics, random_key=key)
-                out, new_state = prog(state, dyn, rng)
-                holders.install(new_state, self._aux[pkey], tracing=False)
+                prog = self._step_program(pkey, argstate, holders, opt_statics, random_key=key)
+                out, new_state, written, new = prog(state, dyn, rng)
+                holders.install(new_state, self._aux[("holders", pkey)], tracing=False)
+                argstate.write_back(args, kwargs, self._aux[pkey], written, new)
             finally:
                 for lock in reversed(locks):
                     lock.release()
         return _wrap(out)
 
 
-def _is_holder(x) -> bool:
-    return isinstance(x, (torch.nn.Module, torch.optim.Optimizer))
+def _rebound(slot: JaxTensor, new, name: str) -> None:
+    """A forward assigned a new tensor to a parameter/buffer attribute: carry it as a write."""
+    value = new.elem if isinstance(new, JaxTensor) else None
+    if value is None or tuple(value.shape) != tuple(slot.shape):
+        raise StateWriteError(
+            f"jaxtorch.compile: the forward replaces `{name}` with a value of another shape or kind; "
+            "a compiled module's parameters and buffers keep their shapes (write into them in place).")
+    write(slot, value)
 
 
-def _rebuild(treedef, statics, dyn):
-    it = iter(dyn)
-    leaves = [JaxTensor(next(it)) if s is _DYN else s for s in statics]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+def _leak_message(names: list[str]) -> str:
+    return ("jaxtorch.compile: the function stored a traced tensor in module attribute(s) "
+            + ", ".join(f"`{n}`" for n in names)
+            + " that are not parameters or buffers, so the value cannot outlive the program; the "
+            "module was left as it was found. Register it as a buffer (`register_buffer`) to make it state, "
+            "or return it.")
+
+
+# ---- writes jaxtorch cannot carry out --------------------------------------------------------
+_tracing = threading.local()
+
+
+@contextlib.contextmanager
+def _refusing_untracked_writes(target):
+    """While the user's code is traced, a write to a tensor holding a concrete array (so one
+    created outside the program and not passed in as state) raises `StateWriteError`."""
+    stack = getattr(_tracing, "stack", None)
+    if stack is None:
+        stack = _tracing.stack = []
+    stack.append(target)
+    _tensor.write_checks.append(_refuse_untracked_write)
+    try:
+        yield
+    finally:
+        _tensor.write_checks.remove(_refuse_untracked_write)
+        stack.pop()
+
+
+def _refuse_untracked_write(t: JaxTensor) -> None:
+    stack = getattr(_tracing, "stack", None)
+    if not stack:  # another thread's trace
+        return
+    root = t._jt_base if t._jt_base is not None else t
+    if isinstance(root._jt_elem, jax.core.Tracer):
+        return  # program state (an argument, a module's tensor) or made inside the program
+    raise StateWriteError(
+        f"jaxtorch.compile: the function writes in place into {_describe(t, stack[-1])}, which is not "
+        "program state: it is reached from outside the function's arguments (a closure or a global), so the "
+        "write would be lost after the first call and its traced value would leak. Pass the tensor (or the "
+        "object holding it: a cache, a list, a dict, a dataclass) as an argument, name its module in "
+        "`jaxtorch.compile(fn, state=(module,))`, or write to a copy.")
+
+
+def _describe(t: torch.Tensor, fn) -> str:
+    """A name for `t`: where `fn`'s closure or globals reach it, else its shape and dtype."""
+    what = f"a tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return what
+    places = dict(zip(code.co_freevars, [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]))
+    places.update({n: fn.__globals__[n] for n in code.co_names if n in fn.__globals__})
+    for name, value in places.items():
+        found = _find(t, value, name)
+        if found:
+            return f"`{found}` ({what})"
+    return what
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _find(t, value, name: str) -> str | None:
+    roots = {id(t), id(t._jt_base) if isinstance(t, JaxTensor) and t._jt_base is not None else id(t)}
+    if isinstance(value, torch.Tensor):
+        return name if id(value) in roots else None
+    if isinstance(value, torch.nn.Module):
+        for n, x in [*value.named_parameters(remove_duplicate=False), *value.named_buffers(remove_duplicate=False)]:
+            if id(x) in roots or (isinstance(x, JaxTensor) and id(x._jt_base) in roots):
+                return f"{name}.{n}"
+        return None
+    if isinstance(value, (list, tuple, dict)) or hasattr(value, "__dict__"):
+        try:
+            from .pytrees import flatten_with_path
+
+            for path, leaf in flatten_with_path(value)[0]:
+                if isinstance(leaf, torch.Tensor) and id(leaf) in roots:
+                    return name + jax.tree_util.keystr(path)
+        except Exception:
+            return None
+    return None
 
 
 def _wrap(out):
     return jax.tree_util.tree_map(lambda a: JaxTensor(a) if isinstance(a, jax.Array) else a, out)
-
-
-class _Dyn:
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-
-_DYN = _Dyn()
 
 
 @functools.cache

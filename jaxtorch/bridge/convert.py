@@ -8,9 +8,10 @@ Two kinds of conversion:
   tensors are made contiguous first. `to_jax` gives views; `tensor_to_jax` (what
   `.to("jax")`, `copy_` and `extract` use) gives snapshots that never change afterwards.
 
-Both walk arbitrary nesting: list, tuple, dict, namedtuple, dataclasses,
-`torch.return_types.*`, Hugging Face `ModelOutput`, None, Python scalars, and dtypes
-(`torch.float32` <-> `jnp.float32`).
+Both walk arbitrary nesting with the one container registry (`pytrees.py`, i.e. JAX's
+`jax.tree_util` with torch tensors as leaves): list, tuple, dict, namedtuple, dataclasses,
+`torch.return_types.*`, Hugging Face `ModelOutput` and caches, any type registered with
+`jax.tree_util`, None, Python scalars, and dtypes (`torch.float32` <-> `jnp.float32`).
 
 Example:
     ```python
@@ -21,15 +22,14 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import pytrees  # noqa: F401  (registers torch containers with jax.tree_util)
+from .pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
 from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
 from .errors import Float64Error
 from .tensor import JaxTensor
@@ -46,15 +46,6 @@ def _is_dtype_like(x) -> bool:
 
 def _is_jax_array(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer))
-
-
-def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """Map `fn` over the leaves of a nested torch/JAX structure, keeping every container type."""
-    if isinstance(tree, (torch.Tensor, jax.Array, jax.core.Tracer)):
-        return fn(tree)
-    if isinstance(tree, (list, tuple, dict)) or dataclasses.is_dataclass(tree) or pytrees.is_model_output(tree):
-        return pytrees.map_container(lambda sub: tree_map(fn, sub), tree)
-    return fn(tree)
 
 
 # ---- no-copy views ------------------------------------------------------------------

@@ -81,6 +81,8 @@ class JaxTensor(torch.Tensor):
 
     @data.setter
     def data(self, value):
+        if write_checks:
+            _check_write(self)
         torch._C.TensorBase.data.__set__(self, value)
         if isinstance(value, JaxTensor):
             self._jt_elem = value.elem
@@ -202,8 +204,20 @@ def _identity(a):
     return a
 
 
+# Checks run before a write lands in a tensor (`jaxtorch.compile` refuses, while it traces,
+# writes to tensors that are not program state). Empty outside a trace: one list test.
+write_checks: list[Callable[[JaxTensor], None]] = []
+
+
+def _check_write(t: JaxTensor) -> None:
+    for check in write_checks:
+        check(t)
+
+
 def write(t: JaxTensor, value) -> None:
     """Replace the data of `t` with `value` (cast and broadcast to `t`), updating aliases."""
+    if write_checks:
+        _check_write(t)
     target_dtype = to_jax_dtype(t.dtype)
     value = jnp.asarray(value)
     if value.dtype != target_dtype:
@@ -262,6 +276,8 @@ def rebind(t: JaxTensor, src: JaxTensor) -> None:
     torch's own metadata is updated with `as_strided_` below the Python dispatch key; if
     `src` is a view of another root, `t` becomes that view.
     """
+    if write_checks:
+        _check_write(t)
     shape = tuple(src.shape)
     strides, acc = [], 1
     for n in reversed(shape):

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from . import pytrees
 from .convert import tensor_to_jax
 from .tensor import JaxTensor, write
 
@@ -202,3 +203,237 @@ class Holders:
                 for p in params:
                     out.append({k: v for k, v in opt.state.get(p, {}).items() if not isinstance(v, torch.Tensor)})
         return out
+
+
+# ---- the tensors reachable from a call's arguments ---------------------------------------
+class Slot(int):
+    """Where a tensor stood among a call's argument leaves: the index of its unique tensor."""
+
+    def __repr__(self) -> str:
+        return f"<tensor {int(self)}>"
+
+
+def is_array_like(x) -> bool:
+    """A torch tensor, `jax.Array` or tracer: what an argument walk takes as data."""
+    return isinstance(x, (torch.Tensor, jax.Array, jax.core.Tracer))
+
+
+def _is_holder(x) -> bool:
+    return isinstance(x, (torch.nn.Module, torch.optim.Optimizer))
+
+
+@dataclasses.dataclass
+class ArgState:
+    """Every tensor reachable from a call's arguments (through lists, tuples, dicts,
+    dataclasses, `ModelOutput`s, Hugging Face caches and any registered pytree), each
+    once by identity, and the static rest of the arguments.
+
+    They enter the program as inputs; what the program writes in place, or the new
+    tensors it puts into the argument containers (a growing `DynamicCache`, a cache
+    layer's lazy initialization), comes out and is written back by `write_back`.
+    """
+
+    treedef: Any
+    statics: tuple  # per leaf: a `Slot` for a tensor, else the (static) value itself
+    tensors: list  # the unique tensors, originals
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict) -> "ArgState":
+        leaves, treedef = pytrees.flatten((args, kwargs))
+        index: dict[int, int] = {}
+        tensors, statics = [], []
+        for x in leaves:
+            if is_array_like(x):
+                j = index.setdefault(id(x), len(tensors))
+                if j == len(tensors):
+                    tensors.append(x)
+                statics.append(Slot(j))
+            else:
+                statics.append(x)
+        return cls(treedef, tuple(statics), tensors)
+
+    def holders(self) -> tuple:
+        """The modules and optimizers among the arguments."""
+        return tuple(x for x in self.statics if _is_holder(x))
+
+    def arrays(self) -> list:
+        """The tensors' current values, as JAX arrays."""
+        return [_array(t, "an argument") if isinstance(t, torch.Tensor) else t for t in self.tensors]
+
+    def key(self, arrays) -> tuple:
+        """What decides a program: structure, static values, and the arrays' shapes and dtypes."""
+        return (self.treedef, tuple(freeze(s) for s in self.statics),
+                tuple((tuple(a.shape), str(a.dtype)) for a in arrays))
+
+    def rebuild(self, arrays) -> tuple[tuple, dict, list]:
+        """Fresh arguments holding `JaxTensor(array)`s (aliases share one); the containers are
+        copies, so nothing the traced function does reaches the caller's objects."""
+        inputs = [JaxTensor(a) for a in arrays]
+        leaves = [inputs[s] if isinstance(s, Slot) else s for s in self.statics]
+        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        return args, kwargs, inputs
+
+    def outcome(self, args, kwargs, inputs) -> tuple[list, list, Any]:
+        """After the traced call: (written values, new leaves' values, aux for `write_back`)."""
+        written = [j for j, t in enumerate(inputs) if t._jt_version != 0]
+        for j in written:
+            if not isinstance(self.tensors[j], torch.Tensor):
+                raise TypeError("jaxtorch.compile: the function writes in place into an argument that is a "
+                                "jax.Array, which never changes; pass a torch tensor (`jaxtorch.torch_view(a)`).")
+        leaves, treedef = pytrees.flatten((args, kwargs))
+        ids = {id(t): j for j, t in enumerate(inputs)}
+        after, new = [], []
+        for x in leaves:
+            if is_array_like(x):
+                j = ids.get(id(x))
+                if j is not None:
+                    after.append(Slot(j))
+                else:
+                    after.append(_NewLeaf(len(new)))
+                    new.append(x.elem if isinstance(x, JaxTensor) else _array(x, "a tensor put into an argument"))
+            else:
+                after.append(x)
+        same = treedef == self.treedef and len(after) == len(self.statics) and all(
+            a is s or (isinstance(a, Slot) and isinstance(s, Slot) and a == s) for a, s in zip(after, self.statics))
+        aux = (tuple(written), None if same else (treedef, tuple(after)))
+        return [inputs[j].elem for j in written], new, aux
+
+    def write_back(self, args: tuple, kwargs: dict, aux, written_values, new_values) -> None:
+        """Put the program's results into the caller's tensors and containers (the one place
+        a compiled call changes its arguments)."""
+        written, structure = aux
+        for j, value in zip(written, written_values):
+            t = self.tensors[j]
+            if isinstance(t, JaxTensor):
+                write(t, value)
+            else:
+                with torch.no_grad():
+                    t.copy_(_to_torch(value))
+        if structure is None:
+            return
+        treedef, after = structure
+        leaves = [self.tensors[a] if isinstance(a, Slot) else JaxTensor(new_values[a.index])
+                  if isinstance(a, _NewLeaf) else a for a in after]
+        new_args, new_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+        _merge(args, new_args)
+        _merge(kwargs, new_kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NewLeaf:
+    index: int
+
+
+def _to_torch(value):
+    from .convert import array_to_torch
+
+    return array_to_torch(value)
+
+
+def _merge(orig, new):
+    """Make `orig` hold what `new` holds, mutating `orig`'s containers in place (so the
+    caller's objects keep their identity); returns what belongs in `orig`'s slot."""
+    if orig is new:
+        return orig
+    if type(orig) is not type(new) or is_array_like(orig):
+        return new
+    if isinstance(orig, list):
+        merged = [_merge(o, n) for o, n in zip(orig, new)] + list(new[len(orig):])
+        orig[:] = merged
+        return orig
+    if isinstance(orig, dict) and not pytrees.is_model_output(orig):
+        merged = {k: (_merge(orig[k], v) if k in orig else v) for k, v in new.items()}
+        for k in [k for k in orig if k not in merged]:
+            del orig[k]
+        orig.update(merged)
+        return orig
+    if isinstance(orig, tuple):
+        merged = [_merge(o, n) for o, n in zip(orig, new)]
+        return orig if len(orig) == len(new) and all(m is o for m, o in zip(merged, orig)) else new
+    if hasattr(orig, "__dict__") and not dataclasses.is_dataclass(orig) or (
+            dataclasses.is_dataclass(orig) and not type(orig).__dataclass_params__.frozen):
+        od, nd = vars(orig), vars(new)
+        for k, v in nd.items():
+            merged = _merge(od[k], v) if k in od else v
+            if k not in od or merged is not od[k]:
+                object.__setattr__(orig, k, merged)
+        for k in [k for k in od if k not in nd]:
+            delattr(orig, k)
+        return orig
+    return new
+
+
+# ---- modules left exactly as found -------------------------------------------------------
+class ModuleSnapshot:
+    """The attributes of every submodule (each once, shared ones included), to put back
+    after a trace: a compiled call leaves modules exactly as it found them."""
+
+    def __init__(self, modules):
+        self.saved = []
+        seen: set[int] = set()
+        for m in modules:
+            for sub in m.modules():
+                if id(sub) in seen:
+                    continue
+                seen.add(id(sub))
+                self.saved.append((sub, dict(sub.__dict__), dict(sub._parameters), dict(sub._buffers),
+                                   dict(sub._modules)))
+
+    def leaks(self) -> list[str]:
+        """The attributes changed since the snapshot that now hold a traced tensor."""
+        leaked = []
+        for sub, d, params, buffers, _ in self.saved:
+            for name, now in [*_changes(sub._parameters, params), *_changes(sub._buffers, buffers),
+                              *_changes(sub.__dict__, d)]:
+                if _holds_tracer(now):
+                    leaked.append(f"{type(sub).__name__}.{name}")
+        return leaked
+
+    def restore(self) -> None:
+        """Put every attribute back as it was."""
+        for sub, d, params, buffers, mods in self.saved:
+            for live, saved in ((sub._parameters, params), (sub._buffers, buffers), (sub._modules, mods)):
+                live.clear()
+                live.update(saved)
+            for k in [k for k in sub.__dict__ if k not in d]:
+                del sub.__dict__[k]
+            sub.__dict__.update(d)
+
+
+def _changes(live: dict, saved: dict):
+    for k, v in live.items():
+        if k not in saved or saved[k] is not v:
+            yield k, v
+
+
+def _holds_tracer(v) -> bool:
+    if isinstance(v, JaxTensor):
+        root = v._jt_base if v._jt_base is not None else v
+        return isinstance(root._jt_elem, jax.core.Tracer)
+    if isinstance(v, jax.core.Tracer):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tracer(x) for x in v)
+    if isinstance(v, dict):
+        return any(_holds_tracer(x) for x in v.values())
+    return False
+
+
+def swap_in(module: torch.nn.Module, values: dict[str, torch.Tensor], names: dict[int, str]) -> list:
+    """Put `values[name]` into every parameter/buffer slot holding the tensor named `name`
+    (`names` maps `id(tensor)` to its name; tied and shared slots all get it). Returns the
+    slots `(dict, key, name)`; `ModuleSnapshot.restore` puts the originals back."""
+    slots = []
+    seen: set[int] = set()
+    for sub in module.modules():
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        for d in (sub._parameters, sub._buffers):
+            for k, t in d.items():
+                name = names.get(id(t)) if t is not None else None
+                if name is not None:
+                    slots.append((d, k, name))
+    for d, k, name in slots:
+        d[k] = values[name]
+    return slots

@@ -140,7 +140,7 @@ def make_train_step(
     def init(params: dict | None = None) -> TrainState:
         if params is None:  # committed copies: jit outputs are committed, so later steps hit the same cache
             device = jax.local_devices()[0]
-            params = {k: jax.device_put(jnp.array(v, copy=True), device) for k, v in params0.items()}
+            params = {k: jax.device_put(v, device, may_alias=False) for k, v in params0.items()}
         train, _ = split(params)
         opt_state = _place_like(jax.jit(optimizer.init)(train), train)
         count = jax.device_put(jnp.zeros((), jnp.int32), _common_sharding(params))

@@ -5,6 +5,7 @@
 Each check asserts and prints "OK <check>" at the end.
 """
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import jaxtorch
 from jaxtorch.train import DeviceLoader, load_checkpoint, make_train_step, save_checkpoint, shard, shard_batch
@@ -73,6 +74,69 @@ def check_parallel():
         else:
             assert w.sharding.is_fully_replicated
     print("OK parallel")
+
+
+# Megatron rules for a Llama: q/k/v/gate/up split by output columns, o/down by input rows.
+LLAMA_TP = [(r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$", P("model", None)),
+            (r"(o_proj|down_proj)\.weight$", P(None, "model"))]
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _lm_loss(out, ids):
+    return optax.softmax_cross_entropy_with_integer_labels(out.logits[:, :-1], ids[:, 1:]).mean()
+
+
+def _llama_run(model, ids, mesh=None):
+    """Jitted logits and three Adam steps of a Llama, on `mesh` (tensor x data parallel) or one device."""
+    params, fn = jaxtorch.extract(model)
+    init, step = make_train_step(model, _lm_loss, optax.adam(1e-2))
+    state = init()
+    if mesh is not None:
+        params, state, ids = shard(params, mesh, LLAMA_TP), shard(state, mesh, LLAMA_TP), shard_batch(ids, mesh)
+    logits = jax.jit(lambda p, x: fn(p, x).logits)(params, ids)
+    losses = []
+    for _ in range(3):
+        state, loss = step(state, ids, ids)
+        losses.append(float(loss))
+    return logits, losses, state
+
+
+def check_llama_meshes():
+    """A hand-built Mesh (Auto axes) and jax.make_mesh (Explicit axes, also under jax.set_mesh) give
+    the single-device logits and training run of a Llama, its weights split like the rules say."""
+    model = _llama()
+    ids = jnp.asarray(np.random.RandomState(0).randint(0, 64, (4, 12)), jnp.int32)
+    ref_logits, ref_losses, ref_state = _llama_run(model, ids)
+    devices = np.array(jax.devices()).reshape(2, 4)
+    explicit = jax.make_mesh((2, 4), ("data", "model"))
+    assert explicit.axis_types == (AxisType.Explicit,) * 2, explicit.axis_types
+    cases = [("auto", Mesh(devices, ("data", "model")), None), ("explicit", explicit, None),
+             ("explicit+set_mesh", explicit, explicit)]
+    for name, mesh, context in cases:
+        with jax.set_mesh(context) if context is not None else contextlib.nullcontext():
+            logits, losses, state = _llama_run(model, ids, mesh)
+        np.testing.assert_allclose(logits, ref_logits, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, err_msg=name)
+        assert losses[-1] < losses[0], (name, losses)
+        for k, v in ref_state.params.items():
+            np.testing.assert_allclose(state.params[k], v, atol=1e-5, err_msg=f"{name} {k}")
+        assert logits.sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 3), (name, logits.sharding)
+        q = "model.layers.0.self_attn.q_proj.weight"
+        for tree in (state.params, state.opt_state[0].mu):
+            assert tree[q].sharding.is_equivalent_to(NamedSharding(mesh, P("model", None)), 2), (name, tree[q].sharding)
+            assert tree[q].addressable_shards[0].data.shape == (8, 32)
+        if mesh is explicit:  # shardings stay in the types
+            assert str(jax.typeof(state.params[q])) == "float32[32@model,32]", jax.typeof(state.params[q])
+            assert str(jax.typeof(logits)) == "float32[4@data,12,64]", jax.typeof(logits)
+    print("OK llama_meshes")
 
 
 def check_checkpoint():

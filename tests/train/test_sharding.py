@@ -30,6 +30,11 @@ def test_on_eight_devices(check):
     run_check(check)
 
 
+def test_llama_tensor_parallel_on_auto_and_explicit_meshes():
+    """Issue 12: jax.make_mesh's Explicit axes failed in the attention reshape (ShardingTypeError)."""
+    run_check("llama_meshes")
+
+
 def test_factories_honour_device_index():
     run_check("factory_placement")
 

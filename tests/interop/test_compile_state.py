@@ -1,0 +1,201 @@
+"""State semantics of `jaxtorch.jit` / `jaxtorch.compile` (issue 12 items 2 and 3).
+
+Every tensor reachable from the arguments that the function writes in place is program
+state, carried in and written back, compiled once per shape; a write jaxtorch cannot carry
+out raises; no tracer leaks; modules are left as found. Greedy decoding with a static cache
+gives exactly torch's tokens, and `model.generate` with a compiled forward compiles a
+bounded number of times.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import jaxtorch
+from jaxtorch.bridge.compile import StateWriteError
+
+transformers = pytest.importorskip("transformers")
+cu = pytest.importorskip("transformers.cache_utils")
+
+PROMPT, STEPS = 5, 32
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=64, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def jax_llama(llama):
+    jaxtorch.enable_globally()  # generate's own bookkeeping runs eagerly on the jax device
+    yield copy.deepcopy(llama).to("jax")
+    jaxtorch.disable_globally()
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return torch.randint(1, 64, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def torch_tokens(llama, prompt):
+    """Torch's greedy tokens with a static cache, one forward per token."""
+    cache = cu.StaticCache(config=llama.config, max_cache_len=PROMPT + STEPS)
+    with torch.no_grad():
+        tok = llama(prompt, cache=cache).logits[:, -1:].argmax(-1)
+        tokens = [tok.item()]
+        for _ in range(STEPS - 1):
+            tok = llama(tok, cache=cache).logits[:, -1:].argmax(-1)
+            tokens.append(tok.item())
+    return tokens
+
+
+def test_in_place_static_cache_decode_step_matches_torch_with_one_compilation(jax_llama, prompt, torch_tokens, llama):
+    @jaxtorch.jit
+    def step(model, tok, cache):  # updates the cache in place, returns only the next token
+        return model(tok, cache=cache).logits[:, -1:].argmax(-1)
+
+    cache = cu.StaticCache(config=llama.config, max_cache_len=PROMPT + STEPS)
+    with torch.no_grad():
+        prefill = jaxtorch.jit(step.__wrapped__)
+        tok = prefill(jax_llama, prompt.to("jax"), cache)
+        tokens = [tok.item()]
+        for _ in range(STEPS - 1):
+            tok = step(jax_llama, tok, cache)
+            tokens.append(tok.item())
+    assert tokens == torch_tokens
+    assert step.compilations == 1 and prefill.compilations == 1
+    assert int(cache.layers[0].cumulative_length.cpu()) == PROMPT + STEPS - 1  # written back, concrete
+    assert not isinstance(cache.layers[0].keys.jax(), jax.core.Tracer)
+
+
+def test_decode_step_returning_the_cache_matches_torch(jax_llama, prompt, torch_tokens, llama):
+    @jaxtorch.jit
+    def step(model, tok, cache):
+        return model(tok, cache=cache).logits[:, -1:].argmax(-1), cache
+
+    cache = cu.StaticCache(config=llama.config, max_cache_len=PROMPT + STEPS)
+    with torch.no_grad():
+        tok, cache = step(jax_llama, prompt.to("jax"), cache)
+        tokens = [tok.item()]
+        for _ in range(STEPS - 1):
+            tok, cache = step(jax_llama, tok, cache)
+            tokens.append(tok.item())
+    assert tokens == torch_tokens
+    assert step.compilations == 2  # prefill (5 tokens) and decode (1 token)
+
+
+def test_generate_with_a_compiled_forward_compiles_prefill_and_decode_once(jax_llama, llama, prompt):
+    model = copy.deepcopy(jax_llama)
+    model.forward = jaxtorch.compile(model.forward)  # as torch.compile users do
+    kw = dict(max_new_tokens=12, do_sample=False, cache_implementation="static", pad_token_id=0)
+    ref = llama.generate(prompt, **kw)
+    got = model.generate(prompt.to("jax"), **kw)
+    assert got.cpu().tolist() == ref.tolist()
+    assert model.forward.compilations == 2  # prefill once for this prompt length, decode once
+    got = model.generate(prompt.to("jax"), **kw)
+    assert got.cpu().tolist() == ref.tolist() and model.forward.compilations == 2
+    assert all(not isinstance(p.jax(), jax.core.Tracer) for p in model.parameters())
+
+
+@dataclasses.dataclass
+class _Acc:
+    total: torch.Tensor
+    seen: list
+
+
+def test_in_place_writes_through_lists_dicts_and_dataclasses_are_carried():
+    @jaxtorch.jit
+    def f(x, box):
+        box["sum"].add_(x.sum())
+        box["acc"].total.mul_(2)
+        box["log"][0].copy_(x)
+        return x * 2
+
+    box = {"sum": torch.zeros(()), "acc": _Acc(torch.ones(2), []), "log": [torch.zeros(3)]}
+    for i in range(3):
+        x = torch.full((3,), float(i + 1))
+        f(x, box)
+    assert f.compilations == 1
+    assert float(box["sum"]) == 18.0 and box["acc"].total.tolist() == [8.0, 8.0]
+    assert box["log"][0].tolist() == [3.0, 3.0, 3.0] and type(box["sum"]) is torch.Tensor
+
+
+def test_a_write_to_a_closed_over_tensor_raises_and_leaks_nothing():
+    counter = torch.zeros(3, device="jax")
+
+    @jaxtorch.jit
+    def f(x):
+        counter.add_(x)
+        return x * 2
+
+    with pytest.raises(StateWriteError, match="`counter`"):
+        f(torch.ones(3))
+    assert not isinstance(counter.jax(), jax.core.Tracer)
+    assert counter.cpu().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_write_to_a_closed_over_cache_raises_naming_it(jax_llama, llama, prompt):
+    cache = cu.StaticCache(config=llama.config, max_cache_len=PROMPT + 2)
+    with torch.no_grad():
+        jax_llama(prompt.to("jax"), cache=cache)  # eager prefill: the cache holds jax arrays
+
+    @jaxtorch.jit
+    def step(tok):
+        return jax_llama(tok, cache=cache).logits.argmax(-1)
+
+    with torch.no_grad(), pytest.raises(StateWriteError, match=r"cache\.layers\[0\]"):
+        step(prompt[:, :1].to("jax"))
+    assert not isinstance(cache.layers[0].keys.jax(), jax.core.Tracer)
+    assert int(cache.layers[0].cumulative_length.cpu()) == PROMPT
+
+
+class _Shared(torch.nn.Module):
+    """One submodule under two names (as timm's CoaT reuses its cpe convs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = self.a
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.b(self.a(x))
+
+
+def test_a_compiled_module_sharing_a_submodule_is_left_exactly_as_found():
+    torch.manual_seed(0)
+    model = _Shared()
+    before = {k: v for k, v in vars(model.a).items()}
+    params_before = dict(model.a._parameters)
+    fast = jaxtorch.compile(model)
+    x = torch.randn(2, 4)
+    np.testing.assert_allclose(fast(x).cpu().numpy(), model.a(model.a(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    fast(x)
+    assert fast.compilations == 1 and float(model.calls) == 2.0
+    assert model.b is model.a and dict(model.a._parameters) == params_before
+    assert all(vars(model.a)[k] is v for k, v in before.items())
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+
+
+def test_a_traced_tensor_stored_on_a_module_raises_and_the_module_is_restored():
+    class Stash(torch.nn.Module):
+        def forward(self, x):
+            self.last = x * 2  # a plain attribute, not a buffer: cannot outlive the program
+            return x + 1
+
+    model = Stash()
+    with pytest.raises(StateWriteError, match="Stash.last"):
+        jaxtorch.compile(model)(torch.ones(2))
+    assert not hasattr(model, "last")
