@@ -65,6 +65,8 @@ def _to_jax_arg(x, func):
     if isinstance(x, JaxTensor):
         return x.elem
     if isinstance(x, torch.Tensor):
+        if x.device.type == "cpu" and registry.is_flagged(func, registry.HOST_INPUTS):
+            return x.numpy()  # metadata torch keeps on the host (lengths): concrete, also under tracing
         if x.dim() == 0 or jax_by_default() or x.device.type == "meta":
             return tensor_to_jax(x)
         raise DeviceMismatchError(func, x.device)

@@ -13,6 +13,7 @@
 | `losses`        | nll, regression, bce, kl, margin losses, ctc, linear + xent     |
 | `resampling`    | upsample/interpolate (incl. antialias), grid_sample, frac. pool |
 | `attention`     | scaled_dot_product_attention                                    |
+| `rnn`           | RNN/LSTM/GRU and their cells (one lax.scan per layer), packing  |
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
 | `fft`           | torch.fft                                                       |
 """
@@ -22,7 +23,7 @@ import importlib
 from . import registry  # noqa: F401
 
 for _family in ["elementwise", "reductions", "shape", "indexing", "creation", "random",
-                "linalg", "nn", "losses", "resampling", "attention", "sorting", "fft", "prims"]:
+                "linalg", "nn", "losses", "resampling", "attention", "rnn", "sorting", "fft", "prims"]:
     try:
         importlib.import_module(f"{__name__}.{_family}")
     except ModuleNotFoundError as e:  # a family not written yet

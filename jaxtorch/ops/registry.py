@@ -35,10 +35,14 @@ _LOWERINGS: dict[Any, Lowering] = {}
 DATA_DEPENDENT: set[Any] = set()
 # Ops whose lowering draws random numbers (they receive a `key=` argument).
 RANDOM: set[Any] = set()
+# Ops whose integer metadata tensors torch keeps on the CPU (a PackedSequence's `lengths`,
+# `batch_sizes`): the interpreter accepts plain CPU tensors there in the PyTorch-first mode too.
+HOST_INPUTS: set[Any] = set()
 _CACHE: dict[Any, Lowering | None] = {}
 
 
-def register(*ops: OpKey, data_dependent: bool = False, random: bool = False) -> Callable[[Lowering], Lowering]:
+def register(*ops: OpKey, data_dependent: bool = False, random: bool = False,
+             host_inputs: bool = False) -> Callable[[Lowering], Lowering]:
     """Register `fn` as the JAX lowering of each op in `ops`.
 
     **Arguments:**
@@ -47,6 +51,8 @@ def register(*ops: OpKey, data_dependent: bool = False, random: bool = False) ->
       `jax.jit` the interpreter raises a clear error instead of calling the lowering.
     - `random`: the lowering takes a keyword argument `key` (a JAX PRNG key) supplied by
       the interpreter.
+    - `host_inputs`: torch requires some tensor arguments on the CPU (`lengths` of
+      `pack_padded_sequence`); they are accepted next to `jax` tensors and arrive as NumPy arrays (concrete under tracing).
 
     **Returns:** a decorator that records the function and returns it unchanged.
     """
@@ -58,6 +64,8 @@ def register(*ops: OpKey, data_dependent: bool = False, random: bool = False) ->
                 DATA_DEPENDENT.add(op)
             if random:
                 RANDOM.add(op)
+            if host_inputs:
+                HOST_INPUTS.add(op)
         _CACHE.clear()
         return fn
 
@@ -93,6 +101,7 @@ def unregister(op: OpKey) -> None:
     _LOWERINGS.pop(op, None)
     DATA_DEPENDENT.discard(op)
     RANDOM.discard(op)
+    HOST_INPUTS.discard(op)
     _CACHE.clear()
 
 
@@ -119,6 +128,17 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
 _whole_lib = torch.library.Library("aten", "IMPL")
 
 
+def _any_requires_grad(args) -> bool:
+    """Whether a tensor among `args`, or inside a list of them (`Tensor[]`), requires grad."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, (list, tuple)) and _any_requires_grad(a):
+            return True
+    return False
+
+
 def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> None:
     """Let a CompositeImplicitAutograd `op` reach jaxtorch undecomposed on the `jax` device.
 
@@ -136,8 +156,7 @@ def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> N
         raise RuntimeError(f"jaxtorch: {op} reached the jax backend kernel without a JaxTensor")
 
     def autograd(*args, **kwargs):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                           for a in list(args) + list(kwargs.values())):
+        if torch.is_grad_enabled() and _any_requires_grad(list(args) + list(kwargs.values())):
             return recorded(*args, **kwargs)
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
