@@ -13,6 +13,8 @@ PyTorch-first (the two-line change):
     m = MyModel().to("jax"); y = m(torch.randn(3, 8, device="jax"))
     y.jax(); y.cpu()
     ```
+Lazy (torch_xla style): `jaxtorch.enable_globally(lazy=True)` or `with jaxtorch.lazy():`
+records ops and runs each step as one cached XLA program at `jaxtorch.xla.mark_step()`.
 Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `JaxModule` (JAX modules
 as torch modules), and the submodules `train` (optax steps, sharding, checkpoints),
 `coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
@@ -26,6 +28,7 @@ from .bridge.jax_module import JaxModule
 from .bridge.convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.pytrees import register_object
 from .bridge.environment import default_env, disable_globally, enable_globally
+from .bridge.lazy import lazy, sync
 from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, UnsupportedOpError
 from .bridge.random import manual_seed
 from .bridge.tensor import JaxTensor
@@ -51,12 +54,14 @@ __all__ = [
     "extract",
     "jax_function_to_torch",
     "jax_view",
+    "lazy",
     "load_checkpoint",
     "load_into",
     "manual_seed",
     "register_object",
     "register_op",
     "save_checkpoint",
+    "sync",
     "to_jax",
     "to_torch",
     "torch_module_to_jax",

@@ -1,6 +1,10 @@
 """torch_xla-style helpers for PyTorch-first training on the `jax` device.
 
-Familiar names, each doing the JAX-native thing. One JAX process drives all of its local
+Familiar names, each doing the JAX-native thing. As in torch_xla, the device is lazy:
+`xla_device()` turns on jaxtorch's lazy mode (`jaxtorch.bridge.lazy`), so ops are
+recorded and each step runs as one cached XLA program at `mark_step()` (which
+`optimizer_step(barrier=True)` and `ParallelLoader` call for you); `metrics_report()`
+shows compilations, cache hits and what forced unplanned executions. One JAX process drives all of its local
 devices (SPMD), so "ordinal" and "world size" count processes (`jax.process_index()`,
 `jax.process_count()`), not devices; gradients computed on sharded data are already
 global, so `optimizer_step` needs no all-reduce.
@@ -13,7 +17,8 @@ Example:
     for x, y in xm.ParallelLoader(train_loader):       # batches sharded over all devices
         loss = loss_fn(model(x), y); loss.backward()
         xm.optimizer_step(opt); opt.zero_grad()
-    xm.master_print("done")
+        xm.mark_step()                                 # (ParallelLoader also calls it)
+    xm.master_print("done"); print(xm.metrics_report())
     ```
 """
 
@@ -25,15 +30,24 @@ from typing import Any, Iterable, Sequence
 import jax
 import torch
 
+from .bridge import lazy as _lazy
 from .bridge.device import DEVICE_TYPE
+from .bridge.lazy import LazyMetrics, clear_metrics, metrics, metrics_report
 from .bridge.tensor import JaxTensor
 from .train.sharding import DeviceLoader, data_mesh
 
 BF16_ENV = "JAXTORCH_USE_BF16"
 
 
-def xla_device(n: int | None = None) -> torch.device:
-    """The `jax` device; `xla_device(n)` is `"jax:n"`, which places data on `jax.devices()[n]`."""
+def xla_device(n: int | None = None, *, lazy: bool = True) -> torch.device:
+    """The `jax` device; `xla_device(n)` is `"jax:n"`, which places data on `jax.devices()[n]`.
+
+    Like torch_xla's device it is lazy: this turns lazy mode on (`lazy=False` leaves the
+    mode as it is; `jaxtorch.disable_globally()` or `jaxtorch.bridge.lazy.set_enabled(False)`
+    turns it off).
+    """
+    if lazy:
+        _lazy.set_enabled(True)
     return torch.device(DEVICE_TYPE) if n is None else torch.device(DEVICE_TYPE, n)
 
 
@@ -91,8 +105,18 @@ def send_to_device(obj: Any, device: torch.device | str | None = None) -> Any:
     return obj
 
 
-def mark_step() -> None:
-    """No-op: jaxtorch runs each op as it comes (use `jaxtorch.compile`/`jax.jit` to fuse)."""
+def mark_step(wait: bool = False) -> None:
+    """Execute everything recorded for all live tensors as one XLA program (lazy mode).
+
+    Compiled once per graph structure and cached, so a steady loop compiles nothing
+    after its second step. Outside lazy mode there is nothing pending: a no-op.
+
+    **Arguments:**
+    - `wait`: block until the program has finished.
+    """
+    _lazy.sync()
+    if wait:
+        wait_device_ops()
 
 
 def wait_device_ops() -> None:
@@ -104,11 +128,12 @@ def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, opti
     """`optimizer.step(**optimizer_args)`; returns its result.
 
     Under SPMD a gradient computed from a sharded batch is already the global gradient,
-    so no cross-replica reduction is needed; `barrier=True` waits for the device.
+    so no cross-replica reduction is needed; `barrier=True` calls `mark_step` and waits
+    (as torch_xla's does).
     """
     out = optimizer.step(**(optimizer_args or {}))
     if barrier:
-        wait_device_ops()
+        mark_step(wait=True)
     return out
 
 
@@ -135,6 +160,12 @@ class ParallelLoader(DeviceLoader):
             mesh = data_mesh(jdevs, axis)
         super().__init__(loader, mesh, axis, as_torch=True, prefetch=prefetch)
 
+    def __iter__(self):
+        for batch in super().__iter__():
+            yield batch
+            if _lazy.is_enabled():  # the step on this batch is recorded: run it (torch_xla does)
+                _lazy.sync()
+
     def per_device_loader(self, device=None) -> "ParallelLoader":
         """torch_xla compatibility: the loader itself (one process feeds all its devices)."""
         return self
@@ -149,13 +180,17 @@ def _jax_device(d) -> jax.Device:
 
 
 __all__ = [
+    "LazyMetrics",
     "MpDeviceLoader",
     "ParallelLoader",
     "get_ordinal",
     "is_master_ordinal",
+    "clear_metrics",
     "is_xla_tensor",
     "mark_step",
     "master_print",
+    "metrics",
+    "metrics_report",
     "optimizer_step",
     "send_to_device",
     "use_bf16",

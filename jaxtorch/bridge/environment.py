@@ -21,6 +21,7 @@ import threading
 
 import torch
 
+from . import lazy as _lazy
 from .device import JAX_DEVICE
 from .interpreter import JaxDispatchMode, JaxFunctionMode, jax_default_scope
 
@@ -34,8 +35,13 @@ def _stack() -> list:
     return s
 
 
-def enable_globally() -> None:
+def enable_globally(lazy: bool = False) -> None:
     """Turn jaxtorch on for this thread: torch ops on the `jax` device run as JAX ops.
+
+    **Arguments:**
+    - `lazy`: also turn on lazy mode (process-wide): ops are recorded and run as one XLA
+      program at `jaxtorch.xla.mark_step()` / `jaxtorch.sync()` or when a value is read
+      (see `jaxtorch.lazy`).
 
     **Example:**
         ```python
@@ -43,6 +49,8 @@ def enable_globally() -> None:
         m = MyModel().to("jax"); y = m(torch.randn(3, 8, device="jax"))
         ```
     """
+    if lazy:
+        _lazy.set_enabled(True)
     if _stack():
         return
     dmode = JaxDispatchMode()
@@ -51,7 +59,8 @@ def enable_globally() -> None:
 
 
 def disable_globally() -> None:
-    """Undo `enable_globally` for this thread."""
+    """Undo `enable_globally` for this thread (lazy mode goes off too, after executing what is pending)."""
+    _lazy.set_enabled(False)
     s = _stack()
     if not s:
         return

@@ -28,9 +28,11 @@ from torch._decomp import decomposition_table
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from jax._src import core as _jax_core
+
 from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
-from . import eager, tracing
+from . import eager, lazy, tracing
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
@@ -41,6 +43,8 @@ from .tensor import JaxTensor, make_view, rebind, write
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer
 _ArrayImpl = type(jax.numpy.zeros(()))
+_Lazy = lazy.LazyArray
+_LAZY_ON = lazy.ACTIVE
 _local = threading.local()
 
 
@@ -61,9 +65,9 @@ class jax_default_scope:
 
 
 # ---- argument conversion (the only place torch values become JAX values in dispatch) -----
-def _to_jax_arg(x, func):
+def _to_jax_arg(x, func, raw: bool = False):
     if isinstance(x, JaxTensor):
-        return x.elem
+        return x._raw() if raw else x.elem
     if isinstance(x, torch.Tensor):
         if x.device.type == "cpu" and registry.is_flagged(func, registry.HOST_INPUTS):
             return x.numpy()  # metadata torch keeps on the host (lengths): concrete, also under tracing
@@ -71,7 +75,7 @@ def _to_jax_arg(x, func):
             return tensor_to_jax(x)
         raise DeviceMismatchError(func, x.device)
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_jax_arg(y, func) for y in x) if type(x) in (list, tuple) else x
+        return type(x)(_to_jax_arg(y, func, raw) for y in x) if type(x) in (list, tuple) else x
     if isinstance(x, torch.dtype):
         return to_jax_dtype(x)
     return x
@@ -83,8 +87,15 @@ def _unwrap_args(args, kwargs, func):
     return jargs, jkwargs
 
 
+def _unwrap_args_lazy(args, kwargs, func):
+    """`_unwrap_args` keeping pending values as `LazyArray`s."""
+    jargs = [a._raw() if type(a) is JaxTensor else _to_jax_arg(a, func, True) for a in args]
+    jkwargs = {k: _to_jax_arg(v, func, True) for k, v in kwargs.items()} if kwargs else {}
+    return jargs, jkwargs
+
+
 def _wrap_out(out):
-    if type(out) is _ArrayImpl or isinstance(out, (jax.Array, _Tracer)):
+    if type(out) is _ArrayImpl or type(out) is _Lazy or isinstance(out, (jax.Array, _Tracer)):
         return JaxTensor(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_wrap_out(o) for o in out)
@@ -176,10 +187,34 @@ def _lowering_caller(func, lowering) -> Callable:
     return call
 
 
+def _lazy_lowering_caller(func, lowering) -> Callable:
+    """`_lowering_caller` for lazy mode: the call is recorded (see `lazy`), not run.
+
+    Data-dependent ops run eagerly on executed inputs (their output shape needs values).
+    """
+    random = registry.is_flagged(func, registry.RANDOM)
+    data_dependent = registry.is_flagged(func, registry.DATA_DEPENDENT)
+    name = func.name()
+
+    def call(args, kwargs):
+        jargs, jkwargs = _unwrap_args_lazy(args, kwargs, func)
+        if random:
+            jkwargs["key"] = next_key(func)
+        if data_dependent:
+            jargs, jkwargs = lazy.force_tree((jargs, jkwargs), f"{name} (output shape depends on values)")
+            return lowering(*jargs, **jkwargs), jargs, jkwargs
+        return lazy.call_lowering(func, lowering, jargs, jkwargs), jargs, jkwargs
+
+    return call
+
+
 _SCALARS = (int, float, bool, type(None))
 
 
-def _make_functional_runner(func, lowering):
+def _make_functional_runner(func, lowering, lazy_mode: bool = False):
+    if lazy_mode:
+        lazy_call = _lazy_lowering_caller(func, lowering)
+        return lambda args, kwargs: _wrap_out(lazy_call(args, kwargs)[0])
     call = _lowering_caller(func, lowering)
     plain = not (registry.is_flagged(func, registry.RANDOM) or registry.is_flagged(func, registry.DATA_DEPENDENT))
     jit_cache: dict = {}
@@ -225,8 +260,35 @@ def _make_functional_runner(func, lowering):
     return run
 
 
-def _make_view_runner(func, lowering):
-    call = _lowering_caller(func, lowering)
+class _ViewFn:
+    """The view `lowering(a, *rest, **kw)` (output `index` of a multi-output view) of a root
+    array `a`; replayed when the root changes. Pending roots record the view (lazy mode)."""
+
+    __slots__ = ("func", "lowering", "rest", "kw", "index")
+
+    def __init__(self, func, lowering, rest, kw, index):
+        self.func, self.lowering, self.rest, self.kw, self.index = func, lowering, rest, kw, index
+
+    def __call__(self, a):
+        if type(a) is _Lazy:
+            out = lazy.call_lowering(self.func, self.lowering, [a, *self.rest], self.kw)
+        else:
+            out = self.lowering(a, *self.rest, **self.kw)
+        return out if self.index is None else out[self.index]
+
+    @property
+    def key(self):
+        """Structural key (None when an argument is an array: not recordable as a write)."""
+        dyn: list = []
+        try:
+            k = lazy._split((tuple(self.rest), tuple(self.kw.items())), dyn, False)[0]
+        except TypeError:
+            return None
+        return None if dyn else ("view", self.func, k, self.index)
+
+
+def _make_view_runner(func, lowering, lazy_mode: bool = False):
+    call = _lazy_lowering_caller(func, lowering) if lazy_mode else _lowering_caller(func, lowering)
 
     def run(args, kwargs):
         out, jargs, jkwargs = call(args, kwargs)
@@ -235,10 +297,8 @@ def _make_view_runner(func, lowering):
             return _wrap_out(out)
         rest, kw = jargs[1:], jkwargs
         if isinstance(out, (list, tuple)):
-            return type(out)(
-                make_view(base, o, lambda a, i=i: lowering(a, *rest, **kw)[i]) for i, o in enumerate(out)
-            )
-        return make_view(base, out, lambda a: lowering(a, *rest, **kw))
+            return type(out)(make_view(base, o, _ViewFn(func, lowering, rest, kw, i)) for i, o in enumerate(out))
+        return make_view(base, out, _ViewFn(func, lowering, rest, kw, None))
 
     return run
 
@@ -260,7 +320,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
             if not isinstance(t, JaxTensor):
                 _cpu_write(func, t)
                 raise DeviceMismatchError(func, t.device)
-            value = r.elem if isinstance(r, JaxTensor) else r
+            value = r._raw() if isinstance(r, JaxTensor) else r
             if tuple(value.shape) != tuple(t.shape):
                 # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
                 rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
@@ -317,9 +377,9 @@ def _foreach_runner(func) -> Callable | None:
     return run
 
 
-def _sibling_compute(func, sibling, mutated) -> Callable:
+def _sibling_compute(func, sibling, mutated, lazy_mode: bool) -> Callable:
     """The functional sibling's runner, called with an `out=` variant's out arguments dropped."""
-    inner = _runner(sibling)
+    inner = _runner(sibling, lazy_mode)
     if func._schema.name.endswith("_"):  # in-place: same arguments
         return inner
     names = {m[1] for m in mutated}
@@ -331,22 +391,22 @@ def _sibling_compute(func, sibling, mutated) -> Callable:
     return compute
 
 
-def _build_runner(func) -> Callable:
+def _build_runner(func, lazy_mode: bool = False) -> Callable:
     special = _SPECIAL.get(func)  # ops the bridge owns (device moves, copies, aliasing) come first
     if special is not None:
         return special
     lowering = registry.lookup(func)
     if lowering is not None:
         if _is_view_op(func):
-            return _make_view_runner(func, lowering)
+            return _make_view_runner(func, lowering, lazy_mode)
         mutated = _mutated_args(func)
         if mutated:
-            return _make_mutating_runner(func, _make_functional_runner(func, lowering), mutated)
-        return _make_functional_runner(func, lowering)
+            return _make_mutating_runner(func, _make_functional_runner(func, lowering, lazy_mode), mutated)
+        return _make_functional_runner(func, lowering, lazy_mode)
     mutated = _mutated_args(func)
     sibling = _functional_sibling(func) if mutated else None
     if sibling is not None and registry.lookup(sibling) is not None:
-        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated), mutated)
+        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated, lazy_mode), mutated)
     decomp = _decomposition(func)
     if decomp is not None:
         return _make_decomp_runner(func, decomp)
@@ -355,7 +415,7 @@ def _build_runner(func) -> Callable:
         if runner is not None:
             return runner
     if sibling is not None and _decomposition(sibling) is not None:
-        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated), mutated)
+        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated, lazy_mode), mutated)
 
     def unsupported(args, kwargs):
         raise UnsupportedOpError(func)
@@ -364,22 +424,40 @@ def _build_runner(func) -> Callable:
 
 
 _RUNNERS: dict[Any, Callable] = {}
+_LAZY_RUNNERS: dict[Any, Callable] = {}
 
 
-def _runner(func) -> Callable:
-    r = _RUNNERS.get(func)
+def _runner(func, lazy_mode: bool = False) -> Callable:
+    table = _LAZY_RUNNERS if lazy_mode else _RUNNERS
+    r = table.get(func)
     if r is None:
-        r = _RUNNERS[func] = _build_runner(func)
+        r = table[func] = _build_runner(func, lazy_mode)
     return r
 
 
 def invalidate_cache() -> None:
     """Forget built runners (after registering or overriding a lowering)."""
     _RUNNERS.clear()
+    _LAZY_RUNNERS.clear()
+    lazy.clear_cache()
+
+
+def _dispatch_lazy(func, args, kwargs):
+    """`dispatch` in lazy mode: record, except under a JAX trace (`jax.jit`, `jaxtorch.jit`)."""
+    if tracing._published:
+        with tracing.adopted():
+            lazy_now = _jax_core.trace_state_clean()
+            return _runner(func, lazy_now)(args, kwargs)
+    r = _LAZY_RUNNERS.get(func) if _jax_core.trace_state_clean() else _runner(func)
+    if r is None:
+        r = _runner(func, True)
+    return r(args, kwargs)
 
 
 def dispatch(func, args, kwargs):
     """Run the ATen op `func` on `args`/`kwargs` (which hold `JaxTensor`s) with JAX."""
+    if _LAZY_ON[0]:
+        return _dispatch_lazy(func, args, kwargs)
     r = _RUNNERS.get(func)
     if r is None:
         r = _runner(func)
@@ -395,20 +473,18 @@ def _to_copy(args, kwargs):
     device = kwargs.get("device")
     dtype = kwargs.get("dtype")
     if device is not None and not is_jax_device(device):  # jax -> cpu
-        src = x.elem if isinstance(x, JaxTensor) else x
-        t = array_to_torch(src) if isinstance(x, JaxTensor) else x
+        t = array_to_torch(x._concrete(f"copy to {device}")) if isinstance(x, JaxTensor) else x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
-    if isinstance(x, JaxTensor):
-        a = x.elem
-    else:  # cpu -> jax
-        a = tensor_to_jax(x)
+    src = x._raw() if isinstance(x, JaxTensor) else None
+    a = src if src is not None else tensor_to_jax(x)  # cpu -> jax
     if dtype is not None:
-        a = a.astype(to_jax_dtype(dtype))
+        jd = to_jax_dtype(dtype)
+        a = lazy.apply(("astype", jd), lambda v: v.astype(jd), a) if type(a) is _Lazy else a.astype(jd)
     if device is not None:
         d = jax_device_of(device)
-        if d is not None and not isinstance(a, _Tracer):
-            a = jax.device_put(a, d)
-    if a is (x.elem if isinstance(x, JaxTensor) else None):
+        if d is not None and not isinstance(a, _Tracer) and not (type(a) is _Lazy and jax.local_device_count() == 1):
+            a = jax.device_put(lazy.force(a, f"placement on {device}") if type(a) is _Lazy else a, d)
+    if a is src and type(a) is not _Lazy:  # (a pending value is immutable: sharing it is a copy)
         a = a + 0 if a.dtype != np.bool_ else a.copy()  # a copy, as torch makes
     return JaxTensor(a)
 
@@ -416,11 +492,11 @@ def _to_copy(args, kwargs):
 def _copy_(args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, JaxTensor):
-        write(dst, src.elem if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
         return dst
     # jax -> cpu copy into a plain tensor
     _cpu_write(aten.copy_.default, dst)
-    dst.copy_(array_to_torch(src.elem))
+    dst.copy_(array_to_torch(src._concrete("copy_ into a CPU tensor")))
     return dst
 
 
@@ -431,7 +507,7 @@ def _cpu_write(func, dst) -> None:
 
 
 def _local_scalar_dense(args, kwargs):
-    a = args[0].elem
+    a = args[0]._concrete("Tensor.item() / bool() / int() / float()")
     if isinstance(a, _Tracer):
         raise DataDependentError(aten._local_scalar_dense.default, "`.item()`/`bool()`/`int()` of a traced tensor.")
     return np.asarray(a).item()
@@ -454,15 +530,20 @@ def _resized(a, size):
     return flat.reshape(size)
 
 
+def _resized_any(a, size: tuple):
+    """`_resized`, recorded when `a` is pending."""
+    return lazy.apply(("resize", size), lambda v: _resized(v, size), a) if type(a) is _Lazy else _resized(a, size)
+
+
 def _resize_(args, kwargs):
     t = args[0]
-    rebind(t, JaxTensor(_resized(t.elem, tuple(args[1]))))
+    rebind(t, JaxTensor(_resized_any(t._raw(), tuple(args[1]))))
     return t
 
 
 def _alias_runner(args, kwargs):
     x = args[0]
-    return make_view(x, x.elem, None)
+    return make_view(x, x._raw(), None)
 
 
 _SPECIAL: dict[Any, Callable] = {
@@ -473,7 +554,7 @@ _SPECIAL: dict[Any, Callable] = {
     aten.lift_fresh_copy.default: lambda a, k: _to_copy(a, {}),
     aten.detach.default: _alias_runner,
     aten.resize_.default: _resize_,
-    aten.resize.default: lambda a, k: JaxTensor(_resized(a[0].elem, tuple(a[1]))),
+    aten.resize.default: lambda a, k: JaxTensor(_resized_any(a[0]._raw(), tuple(a[1]))),
     aten.alias.default: _alias_runner,
 }
 
@@ -514,7 +595,9 @@ def _place(out, device):
         return out
     target = jax_device_of(device)
     if target is not None and not isinstance(out._jt_elem, _Tracer):
-        out._jt_elem = jax.device_put(out._jt_elem, target)
+        if type(out._jt_elem) is _Lazy and jax.local_device_count() == 1:
+            return out  # one device: a pending value will be computed there
+        out._jt_elem = jax.device_put(out._concrete(f"placement on {device}"), target)
     return out
 
 
@@ -551,10 +634,10 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 def _copy_from(src, dst, non_blocking=False):
     """Device copies that reach the backend with Python dispatch excluded (e.g. in `torch.tensor`)."""
     if isinstance(dst, JaxTensor):
-        write(dst, src.elem if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
     else:
         _cpu_write(aten._copy_from.default, dst)
-        dst.copy_(array_to_torch(src.elem))
+        dst.copy_(array_to_torch(src._concrete("copy to a CPU tensor")))
     return dst
 
 

@@ -27,8 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from . import lazy as _lazy
 from .device import JAX_DEVICE
 from .dtypes import to_jax_dtype, to_torch_dtype
+
+_Lazy = _lazy.LazyArray
 
 
 # Wrapper tensors own no memory; a large virtual storage size (never allocated) lets
@@ -60,6 +63,8 @@ class JaxTensor(torch.Tensor):
         r._jt_base = None
         r._jt_view_fn = None
         r._jt_version = 0
+        if type(elem) is _Lazy:
+            _lazy.track(r)
         return r
 
     def __init__(self, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
@@ -85,7 +90,9 @@ class JaxTensor(torch.Tensor):
             _check_write(self)
         torch._C.TensorBase.data.__set__(self, value)
         if isinstance(value, JaxTensor):
-            self._jt_elem = value.elem
+            self._jt_elem = value._raw()
+            if type(self._jt_elem) is _Lazy:
+                _lazy.track(self)
             self._jt_base = None
             self._jt_view_fn = None
             self._jt_version += 1
@@ -100,18 +107,51 @@ class JaxTensor(torch.Tensor):
     # ---- data access -------------------------------------------------------------
     @property
     def elem(self):
-        """The current `jax.Array` (or tracer) of this tensor, views replayed if stale."""
+        """The current `jax.Array` (or tracer) of this tensor, views replayed if stale.
+
+        In lazy mode a pending value is executed first (see `jaxtorch.bridge.lazy`).
+        """
+        base = self._jt_base
+        if base is None:
+            e = self._jt_elem
+        elif self._jt_version != base._jt_version:
+            e = self._replay(base)
+        else:
+            e = self._jt_elem
+        if type(e) is _Lazy:
+            return self._executed(e, "reading the jax.Array of a tensor")
+        return e
+
+    def _raw(self):
+        """Like `elem`, but a pending value stays a `LazyArray` (the interpreter's view)."""
         base = self._jt_base
         if base is None:
             return self._jt_elem
         if self._jt_version != base._jt_version:
-            self._jt_elem = self._jt_view_fn(base._jt_elem)
-            self._jt_version = base._jt_version
+            return self._replay(base)
         return self._jt_elem
+
+    def _replay(self, base):
+        e = self._jt_elem = self._jt_view_fn(base._jt_elem)
+        self._jt_version = base._jt_version
+        if type(e) is _Lazy:
+            _lazy.track(self)
+        return e
+
+    def _executed(self, e, reason: str):
+        """The value of the pending `e` (this tensor's data), executing what it needs."""
+        value = _lazy.force(e, reason)
+        if self._jt_elem is e:
+            self._jt_elem = value
+        return value
+
+    def _concrete(self, reason: str):
+        e = self._raw()
+        return self._executed(e, reason) if type(e) is _Lazy else e
 
     def jax(self) -> jax.Array:
         """The `jax.Array` behind this tensor (no copy)."""
-        return self.elem
+        return self._concrete("Tensor.jax()")
 
     def apply_jax(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
         """A new tensor holding `fn(self.jax(), *args, **kwargs)`."""
@@ -124,14 +164,14 @@ class JaxTensor(torch.Tensor):
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
         """A NumPy copy of the data (blocks until it is computed)."""
-        return np.asarray(_concrete(self.elem, "Tensor.numpy()"))
+        return np.asarray(_concrete(self._concrete("Tensor.numpy()"), "Tensor.numpy()"))
 
     def tolist(self):
         """Python numbers (nested lists), like `torch.Tensor.tolist`."""
         return self.cpu().tolist()
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        elem = self.elem
+        elem = self._concrete("print/repr of a tensor")
         traced = isinstance(elem, jax.core.Tracer)
         if self.grad_fn is not None:
             grad = f", grad_fn=<{type(self.grad_fn).__name__}>"
@@ -192,7 +232,7 @@ def make_view(base: JaxTensor, elem, view_fn: Callable | None) -> JaxTensor:
         elif outer is None:
             fn = view_fn
         else:
-            fn = lambda a, f=view_fn, g=outer: f(g(a))  # noqa: E731
+            fn = _Compose(view_fn, outer)
     t = JaxTensor(elem)
     t._jt_base = root
     t._jt_view_fn = fn if fn is not None else _identity
@@ -214,10 +254,36 @@ def _check_write(t: JaxTensor) -> None:
         check(t)
 
 
+class _Compose:
+    """`f(g(a))`: a view of a view."""
+
+    __slots__ = ("f", "g")
+
+    def __init__(self, f: Callable, g: Callable):
+        self.f, self.g = f, g
+
+    def __call__(self, a):
+        return self.f(self.g(a))
+
+    @property
+    def key(self):
+        kf, kg = view_key(self.f), view_key(self.g)
+        return None if kf is None or kg is None else ("compose", kf, kg)
+
+
+def view_key(fn: Callable):
+    """A hashable description of a view function (None: unknown), for lazy recording."""
+    if fn is _identity:
+        return ("identity",)
+    return getattr(fn, "key", None)
+
+
 def write(t: JaxTensor, value) -> None:
     """Replace the data of `t` with `value` (cast and broadcast to `t`), updating aliases."""
     if write_checks:
         _check_write(t)
+    if type(value) is _Lazy or (t._jt_base is not None and type(t._jt_base._jt_elem) is _Lazy):
+        return _write_lazy(t, value)
     target_dtype = to_jax_dtype(t.dtype)
     value = jnp.asarray(value)
     if value.dtype != target_dtype:
@@ -245,6 +311,54 @@ def write(t: JaxTensor, value) -> None:
     root._jt_version += 1
     t._jt_elem = value
     t._jt_version = root._jt_version
+
+
+def _fit(value, dtype, shape: tuple):
+    if value.dtype != dtype:
+        value = value.astype(dtype)
+    if value.shape != shape:
+        value = jnp.broadcast_to(value, shape)
+    return value
+
+
+def _write_lazy(t: JaxTensor, value) -> None:
+    """`write` when the value or the root is pending: the cast and the scatter are recorded."""
+    dtype, shape = to_jax_dtype(t.dtype), tuple(t.shape)
+    if type(value) is not _Lazy:
+        value = jnp.asarray(value)
+    if value.dtype != dtype or value.shape != shape:
+        value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
+    root = t._jt_base
+    if root is None:
+        t._jt_elem = value
+        t._jt_version += 1
+        if type(value) is _Lazy:
+            _lazy.track(t)
+        return
+    if root.dtype != t.dtype:
+        raise RuntimeError(
+            f"jaxtorch: this view reinterprets {root.dtype} data as {t.dtype}, so it cannot be written "
+            "through; write to a `.clone()` instead."
+        )
+    fn = t._jt_view_fn
+    old = root._jt_elem
+    if fn is _identity and value.shape == old.shape:
+        new_root = value
+    else:
+        key = view_key(fn)
+        if key is None:  # a view function with no structural key: scatter on executed values
+            old, value = _lazy.force_tree([old, value], "write through a view (not recordable)")
+            new_root = scatter_view(old, fn, value)
+        else:
+            new_root = _lazy.apply(("scatter_view", key), lambda r, v: scatter_view(r, fn, v), old, value)
+    root._jt_elem = new_root
+    root._jt_version += 1
+    t._jt_elem = value
+    t._jt_version = root._jt_version
+    if type(new_root) is _Lazy:
+        _lazy.track(root)
+    if type(value) is _Lazy:
+        _lazy.track(t)
 
 
 def scatter_view(root, view_fn: Callable, value):
@@ -287,12 +401,14 @@ def rebind(t: JaxTensor, src: JaxTensor) -> None:
         torch.ops.aten.as_strided_.default(t, list(shape), list(reversed(strides)), 0)
     root = src._jt_base
     if root is None or root is t:
-        t._jt_elem = src.elem
+        t._jt_elem = src._raw()
         t._jt_base = None
         t._jt_view_fn = None
         t._jt_version += 1
     else:
         t._jt_base = root
         t._jt_view_fn = src._jt_view_fn
-        t._jt_elem = src.elem
+        t._jt_elem = src._raw()
         t._jt_version = root._jt_version
+    if type(t._jt_elem) is _Lazy:
+        _lazy.track(t)

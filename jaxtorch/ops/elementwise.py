@@ -271,7 +271,12 @@ def positive(a):
 @elementwise(DEFAULT, n=3)
 def addcmul(a, t1, t2, value=1):
     """`a + value * t1 * t2`."""
-    return a + (value * (t1 * t2) if value != 1 else t1 * t2)
+    return a + _scaled(value, t1 * t2)
+
+
+def _scaled(value, x):
+    """`value * x`, skipped for a Python 1 (a traced scalar, e.g. in lazy mode, is multiplied)."""
+    return x if type(value) in (int, float) and value == 1 else value * x
 
 
 @register(aten.addcdiv.default)
@@ -280,7 +285,7 @@ def addcdiv(a, t1, t2, value=1):
     """`a + value * t1 / t2` (integer t1/t2 are rejected by torch)."""
     if _is_int(t1) and _is_int(t2):
         raise RuntimeError("Integer division with addcdiv is no longer supported.")
-    return a + (value * (t1 / t2) if value != 1 else t1 / t2)
+    return a + _scaled(value, t1 / t2)
 
 
 @register(aten.lerp.Scalar, aten.lerp.Tensor)

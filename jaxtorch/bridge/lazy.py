@@ -1,0 +1,610 @@
+"""Lazy execution: torch ops on the `jax` device build a graph, run as one XLA program.
+
+torch_xla's model, on jaxtorch's interpreter. With lazy mode on (`jaxtorch.lazy()`,
+`jaxtorch.enable_globally(lazy=True)`, `jaxtorch.xla.xla_device()`), a `JaxTensor`
+holds a `LazyArray` instead of a `jax.Array`: a pending output of a graph node (an op's
+JAX lowering, its argument nodes and leaf arrays, its static arguments). Recording an op
+infers its output shapes and dtypes with `jax.eval_shape` (cached per op signature), so a
+shape or dtype error is raised at the op's line, not later.
+
+Execution points:
+- `sync()` / `jaxtorch.xla.mark_step()`: everything pending for all live tensors, as one
+  program (dead tensors were never tracked strongly: their nodes are dropped unless a
+  live value needs them);
+- reading a value (`.item()`, `.cpu()`, `print`, `bool()`, a data-dependent op such as
+  `nonzero`): just the subgraph that value needs; recording then continues.
+
+A program is keyed by the graph's structure: each node's op and static arguments, how
+nodes connect, and the shapes/dtypes/shardings of the leaf arrays (parameters, grads,
+optimizer state, batches, PRNG keys, Python floats such as a learning rate). Leaves are
+program inputs, never constants, so a steady training loop hits the cache from its third
+step on (step 1 creates optimizer state, step 2 is the steady shape). `metrics()` and
+`metrics_report()` count compilations, cache hits, executions and unplanned executions
+with the op and source line that forced each.
+
+An op that cannot be recorded (its lowering needs concrete values) runs eagerly after
+executing what it reads, and is counted as a fallback: lazy mode never answers
+differently from eager mode.
+
+Example:
+    ```python
+    with jaxtorch.lazy():
+        loss = loss_fn(model(x), y); loss.backward(); opt.step()
+        jaxtorch.sync()                      # one XLA program
+    print(jaxtorch.xla.metrics_report())
+    ```
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from . import eager
+from .precision import matmul_precision
+
+# ACTIVE[0]: whether ops on the jax device are recorded. One process-wide switch (torch's
+# autograd runs backward ops on its own thread, which must record too).
+ACTIVE = [False]
+DEFAULT_MAX_OPS = int(os.environ.get("JAXTORCH_LAZY_MAX_OPS", "100000"))
+_lock = threading.RLock()
+
+
+class LazyGraphWarning(UserWarning):
+    """The pending graph grew past its limit and was executed (call `mark_step` in the loop)."""
+
+
+# ---- the graph ------------------------------------------------------------------------
+class _Node:
+    """One recorded call: `fn(*inputs)`; `kid` names `fn` and its static arguments."""
+
+    __slots__ = ("kid", "fn", "inputs", "name", "__weakref__")
+
+    def __init__(self, kid: int, fn: Callable, inputs: tuple, name: str):
+        self.kid = kid
+        self.fn = fn
+        self.inputs = inputs
+        self.name = name
+
+
+class LazyArray:
+    """A pending array: output `index` of a recorded node, with its shape and dtype known.
+
+    Once executed, `value` holds the `jax.Array` and the node is dropped.
+    """
+
+    __slots__ = ("node", "index", "shape", "dtype", "weak_type", "aval", "value", "__weakref__")
+
+    def __init__(self, node: _Node | None, index: int, shape: tuple, dtype, weak_type: bool):
+        self.node = node
+        self.index = index
+        self.shape = shape
+        self.dtype = dtype
+        self.weak_type = weak_type
+        self.aval = (shape, dtype, weak_type)
+        self.value = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __repr__(self) -> str:
+        state = "executed" if self.value is not None else f"pending {self.node.name if self.node else '?'}"
+        return f"LazyArray({self.dtype}{list(self.shape)}, {state})"
+
+
+# ---- metrics --------------------------------------------------------------------------
+@dataclasses.dataclass
+class LazyMetrics:
+    """Counters of the lazy mode since the last `clear_metrics()`.
+
+    - `compiles`: programs traced and compiled (a new graph structure);
+    - `cache_hits`: executions whose structure had been compiled before;
+    - `executions`: programs run (planned or not);
+    - `mark_steps`: `mark_step()`/`sync()` calls;
+    - `ops_recorded`: ops recorded in each step (between two `mark_step`s), most recent last;
+    - `graph_sizes`: nodes of each executed program, most recent last;
+    - `unplanned`: reason (forcing op and source line) -> count, for executions not made
+      by `mark_step` (value reads, data-dependent ops, graph limit);
+    - `fallbacks`: op -> count of ops run eagerly because they cannot be recorded;
+    - `compile_seconds` / `execute_seconds`: wall time spent tracing+compiling / running.
+    """
+
+    compiles: int = 0
+    cache_hits: int = 0
+    executions: int = 0
+    mark_steps: int = 0
+    ops_recorded: list = dataclasses.field(default_factory=list)
+    graph_sizes: list = dataclasses.field(default_factory=list)
+    unplanned: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    compile_seconds: float = 0.0
+    execute_seconds: float = 0.0
+
+
+_M = LazyMetrics()
+_pending_ops = [0]  # ops recorded since the last mark_step
+_HISTORY = 1000
+
+
+def metrics() -> LazyMetrics:
+    """A snapshot of the lazy-mode counters (see `LazyMetrics`).
+
+    **Example:**
+        ```python
+        m = jaxtorch.xla.metrics(); assert m.compiles <= 2
+        ```
+    """
+    with _lock:
+        return dataclasses.replace(_M, ops_recorded=list(_M.ops_recorded), graph_sizes=list(_M.graph_sizes),
+                                   unplanned=collections.Counter(_M.unplanned),
+                                   fallbacks=collections.Counter(_M.fallbacks))
+
+
+def clear_metrics() -> None:
+    """Reset every counter (compiled programs stay cached)."""
+    global _M
+    with _lock:
+        _M = LazyMetrics()
+
+
+def metrics_report() -> str:
+    """A short human-readable report of `metrics()`, like torch_xla's `metrics_report()`."""
+    m = metrics()
+    steps = m.ops_recorded[-5:]
+    lines = [
+        f"lazy mode: {'on' if ACTIVE[0] else 'off'}",
+        f"compiled programs: {m.compiles}  (compile time {m.compile_seconds:.2f}s)",
+        f"cache hits: {m.cache_hits}",
+        f"executions: {m.executions}  (mark_step: {m.mark_steps}, unplanned: {sum(m.unplanned.values())}; "
+        f"run time {m.execute_seconds:.2f}s)",
+        f"ops recorded per step (last {len(steps)}): {steps}",
+        f"graph sizes (last 5): {m.graph_sizes[-5:]}",
+    ]
+    if m.unplanned:
+        lines.append("unplanned executions (what forced them):")
+        lines += [f"  {n} x {reason}" for reason, n in m.unplanned.most_common(10)]
+    if m.fallbacks:
+        lines.append("ops run eagerly (not recordable):")
+        lines += [f"  {n} x {op}" for op, n in m.fallbacks.most_common(10)]
+    return "\n".join(lines)
+
+
+# ---- where in the user's code ----------------------------------------------------------
+_PKG_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
+                  for f in (os.path.dirname(os.path.dirname(__file__)) + os.sep + "x", jax.__file__,
+                            __import__("torch").__file__))
+_SKIP = (os.sep + "contextlib.py", os.sep + "threading.py")
+
+
+def user_frame() -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost caller outside jaxtorch, torch and jax."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_PKG_DIRS) and not name.endswith(_SKIP) and not name.startswith("<frozen"):
+            return name, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return None
+
+
+def _where() -> str:
+    fr = user_frame()
+    return f"{os.path.basename(fr[0])}:{fr[1]} in {fr[2]}" if fr else "<unknown>"
+
+
+# ---- recording ----------------------------------------------------------------------------
+_KINDS: dict[Any, tuple[int, Callable]] = {}  # structural key of a call -> (kid, fn)
+_next_kid = [0]  # never reused (pending nodes keep their kid across `clear_cache`)
+_SHAPES: dict[Any, Any] = {}  # (kid, input avals) -> (output avals, treedef) or _EAGER
+_EAGER = object()
+_STATIC_FLOATS: set = set()  # ops whose lowering needs its Python floats concrete
+_FLOAT = ("float",)
+_NOT_RECORDABLE = eager.NOT_JITTABLE_ERRORS
+_Array = jax.Array
+
+
+_SLOT = eager._SLOT  # where an array goes in a call's static skeleton
+
+
+def _split(x, dyn: list, floats: bool):
+    """(hashable key part, skeleton) of one argument; arrays (and floats) go to `dyn`."""
+    t = type(x)
+    if t is LazyArray or isinstance(x, _Array) or (floats and t is float):
+        dyn.append(x)
+        return _SLOT, _SLOT
+    if t is list or t is tuple:
+        parts = [_split(y, dyn, floats) for y in x]
+        return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
+    hash(x)
+    return (t, x), x
+
+
+def _kind(key, make_fn: Callable) -> tuple[int, Callable]:
+    entry = _KINDS.get(key)
+    if entry is None:
+        with _lock:
+            entry = _KINDS.get(key)
+            if entry is None:
+                entry = _KINDS[key] = (_next_kid[0], make_fn())
+                _next_kid[0] += 1
+    return entry
+
+
+def _lowering_fn(lowering: Callable, skel_a, skel_k) -> Callable:
+    def fn(*dyn):
+        it = iter(dyn)
+        args = eager._fill(skel_a, it)
+        kwargs = dict(eager._fill(skel_k, it)) if skel_k else {}
+        with matmul_precision():
+            return lowering(*args, **kwargs)
+
+    return fn
+
+
+def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict):
+    """Record `lowering(*jargs, **jkwargs)` (arrays or `LazyArray`s); LazyArray outputs.
+
+    An unhashable static argument, or a lowering that needs concrete values, runs eagerly
+    on executed inputs instead (counted in `metrics().fallbacks`).
+    """
+    floats = func not in _STATIC_FLOATS and any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
+    while True:
+        dyn: list = []
+        try:
+            key_a, skel_a = _split(jargs, dyn, floats)
+            key_k, skel_k = _split(tuple(jkwargs.items()), dyn, floats) if jkwargs else ((), ())
+            entry = _kind((func, key_a, key_k), lambda: _lowering_fn(lowering, skel_a, skel_k))
+        except TypeError:
+            return _fallback(func, lowering, jargs, jkwargs, "unhashable static argument")
+        out = _record(entry, dyn, func.name())
+        if out is not _EAGER:
+            return out
+        if not floats or not any(type(x) is float for x in dyn):
+            return _fallback(func, lowering, jargs, jkwargs, "needs concrete values")
+        # the lowering branches on a Python float: keep floats static for this op (a new
+        # value compiles a new program, which `metrics()` shows)
+        with _lock:
+            _STATIC_FLOATS.add(func)
+            _M.fallbacks[f"{func.name()} (Python float arguments made static)"] += 1
+        floats = False
+
+
+def apply(key, fn: Callable, *inputs):
+    """Record `fn(*inputs)`; `key` (hashable) must identify `fn` and its static arguments.
+
+    Eager (a plain call) when no input is a `LazyArray`.
+    """
+    if not any(type(x) is LazyArray for x in inputs):
+        return fn(*inputs)
+    out = _record(_kind(key, lambda: fn), list(inputs), str(key[0]))
+    if out is _EAGER:
+        return fn(*force_tree(list(inputs), f"{key[0]} (not recordable)"))
+    return out
+
+
+def _fallback(func, lowering, jargs, jkwargs, why: str):
+    name = func.name()
+    with _lock:
+        _M.fallbacks[f"{name} ({why})"] += 1
+    jargs, jkwargs = force_tree((list(jargs), jkwargs), f"{name} (runs eagerly: {why})")
+    return eager.run(func, lowering, jargs, jkwargs)
+
+
+def _record(entry, dyn: list, name: str):
+    kid, fn = entry
+    ins = []
+    avals = []
+    for x in dyn:
+        t = type(x)
+        if t is LazyArray:
+            if x.value is None:
+                ins.append(x)
+                avals.append(x.aval)
+                continue
+            x = x.value
+        elif t is float:
+            ins.append(x)
+            avals.append(_FLOAT)
+            continue
+        ins.append(x)
+        avals.append((x.shape, x.dtype, x.weak_type))
+    akey = (kid, tuple(avals))
+    shapes = _SHAPES.get(akey)
+    if shapes is None:
+        shapes = _SHAPES[akey] = _infer(fn, ins)
+    if shapes is _EAGER:
+        return _EAGER
+    if _pending_ops[0] >= _max_ops[0]:
+        _graph_limit()
+    _pending_ops[0] += 1
+    outs, treedef = shapes
+    node = _Node(kid, fn, tuple(ins), name)
+    arrays = [LazyArray(node, i, s.shape, s.dtype, s.weak_type) for i, s in enumerate(outs)]
+    if treedef is None:
+        return arrays[0]
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _infer(fn: Callable, ins: list):
+    """(output ShapeDtypeStructs, treedef or None for a single array), or _EAGER."""
+    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type) if type(x) is LazyArray else x
+            for x in ins]
+    try:
+        out = jax.eval_shape(fn, *args)
+    except _NOT_RECORDABLE:
+        return _EAGER
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    if not all(isinstance(s, jax.ShapeDtypeStruct) for s in leaves):
+        return _EAGER
+    if treedef.num_leaves == 1 and not treedef.children():
+        return leaves, None
+    return leaves, treedef
+
+
+# ---- execution --------------------------------------------------------------------------
+_PROGRAMS: dict[Any, Callable] = {}
+_MAX_PROGRAMS = 2000
+
+
+def _leaf_aval(x):
+    if type(x) is float:
+        return _FLOAT
+    return (x.shape, x.dtype, x.weak_type, x.sharding)
+
+
+def _linearize(targets: list[LazyArray]):
+    """Topological order of the nodes the targets need, the leaves, and the structure key."""
+    node_pos: dict[int, int] = {}
+    order: list[_Node] = []
+    parts: list = []
+    leaves: list = []
+    leaf_pos: dict[int, int] = {}
+
+    def leaf(x) -> int:
+        if type(x) is float:  # never merged: identity of a float is not structure
+            leaves.append(x)
+            return -len(leaves)
+        i = leaf_pos.get(id(x))
+        if i is None:
+            leaves.append(x)
+            i = leaf_pos[id(x)] = -len(leaves)
+        return i
+
+    for t in targets:
+        stack = [t.node]
+        while stack:
+            n = stack[-1]
+            if id(n) in node_pos:
+                stack.pop()
+                continue
+            pushed = False
+            for x in n.inputs:
+                if type(x) is LazyArray and x.value is None and id(x.node) not in node_pos:
+                    stack.append(x.node)
+                    pushed = True
+            if pushed:
+                continue
+            stack.pop()
+            refs = []
+            for x in n.inputs:
+                if type(x) is LazyArray:
+                    refs.append((node_pos[id(x.node)], x.index) if x.value is None else leaf(x.value))
+                else:
+                    refs.append(leaf(x))
+            node_pos[id(n)] = len(order)
+            order.append(n)
+            parts.append((n.kid, tuple(refs)))
+    outs = tuple((node_pos[id(t.node)], t.index) for t in targets)
+    key = (tuple(parts), tuple(_leaf_aval(x) for x in leaves), outs)
+    return order, leaves, outs, key
+
+
+def _build(order: list[_Node], outs: tuple, parts: tuple) -> Callable:
+    plan = [(n.fn, refs, n.name) for n, (_, refs) in zip(order, parts)]
+    del order
+
+    def program(leaves):
+        _M.compiles += 1  # runs once per trace
+        vals = []
+        for fn, refs, name in plan:
+            args = [leaves[-1 - r] if type(r) is int else vals[r[0]][r[1]] for r in refs]
+            with jax.named_scope(name):
+                vals.append(jax.tree_util.tree_leaves(fn(*args)))
+        return [vals[p][i] for p, i in outs]
+
+    return jax.jit(program)
+
+
+def materialize(targets: list[LazyArray], reason: str | None = None) -> None:
+    """Execute what the pending `targets` need, as one program; sets each target's `value`.
+
+    `reason` (None for a planned `mark_step`) is counted in `metrics().unplanned`.
+    """
+    seen: set[int] = set()
+    pending = []
+    for t in targets:
+        if t.value is None and id(t) not in seen:
+            seen.add(id(t))
+            pending.append(t)
+    if not pending:
+        return
+    with _lock:
+        order, leaves, outs, key = _linearize(pending)
+        prog = _PROGRAMS.get(key)
+        if reason is not None:
+            _M.unplanned[f"{reason} at {_where()}"] += 1
+        _M.executions += 1
+        _M.graph_sizes.append(len(order))
+        del _M.graph_sizes[:-_HISTORY]
+        t0 = time.perf_counter()
+        if prog is None:
+            if len(_PROGRAMS) >= _MAX_PROGRAMS:
+                _PROGRAMS.clear()
+            prog = _PROGRAMS[key] = _build(order, outs, key[0])
+            new = True
+        else:
+            _M.cache_hits += 1
+            new = False
+        del order
+        values = prog(leaves)
+        dt = time.perf_counter() - t0
+        if new:  # the first run includes tracing and compiling
+            _M.compile_seconds += dt
+        else:
+            _M.execute_seconds += dt
+    for t, v in zip(pending, values):
+        t.value = v
+        t.node = None
+
+
+def force(la: LazyArray, reason: str):
+    """The `jax.Array` of `la`, executing what it needs (an unplanned execution)."""
+    if la.value is None:
+        materialize([la], reason)
+    return la.value
+
+
+def force_tree(tree, reason: str):
+    """`tree` with every `LazyArray` replaced by its value (one execution for all)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: type(x) is LazyArray)
+    lazy = [x for x in leaves if type(x) is LazyArray]
+    if not lazy:
+        return tree
+    materialize(lazy, reason)
+    return jax.tree_util.tree_unflatten(treedef, [x.value if type(x) is LazyArray else x for x in leaves])
+
+
+# ---- live tensors --------------------------------------------------------------------------
+_TRACKED: dict[int, weakref.ref] = {}  # id -> weakref of every tensor given a LazyArray
+
+
+def track(t) -> None:
+    """Remember `t` (weakly) as holding a pending value, for `sync`."""
+    k = id(t)
+    if k not in _TRACKED:
+        _TRACKED[k] = weakref.ref(t, lambda r, k=k: _TRACKED.pop(k, None) if _TRACKED.get(k) is r else None)
+
+
+def sync(reason: str | None = None) -> None:
+    """Execute everything pending for all live tensors as one program (`mark_step`).
+
+    **Arguments:**
+    - `reason`: None for a planned step; otherwise why (counted as unplanned).
+
+    **Example:**
+        ```python
+        loss.backward(); opt.step(); jaxtorch.sync()
+        ```
+    """
+    with _lock:
+        refs = list(_TRACKED.values())
+        _TRACKED.clear()
+        if reason is None:
+            _M.mark_steps += 1
+            _M.ops_recorded.append(_pending_ops[0])
+            del _M.ops_recorded[:-_HISTORY]
+            _pending_ops[0] = 0
+    tensors = [t for t in (r() for r in refs) if t is not None]
+    roots = []
+    for t in tensors:
+        base = t._jt_base
+        root = t if base is None else base
+        if type(root._jt_elem) is LazyArray:
+            roots.append(root)
+    materialize([r._jt_elem for r in roots], reason)
+    for r in roots:
+        e = r._jt_elem
+        if type(e) is LazyArray:
+            r._jt_elem = e.value
+    for t in tensors:
+        if t._jt_base is not None and type(t._jt_elem) is LazyArray:
+            t._jt_elem = None  # replayed from its (now executed) root on next use
+            t._jt_version = -1
+
+
+def pending_ops() -> int:
+    """Ops recorded since the last `mark_step`."""
+    return _pending_ops[0]
+
+
+_max_ops = [DEFAULT_MAX_OPS]
+
+
+def _graph_limit() -> None:
+    where = _where()
+    warnings.warn(
+        f"jaxtorch lazy mode: {_pending_ops[0]} ops were recorded without an execution point, so the pending "
+        f"graph is executed now (at {where}). Call `jaxtorch.xla.mark_step()` (or `jaxtorch.sync()`) once per "
+        "iteration, e.g. after `optimizer.step()`; the limit is `jaxtorch.lazy(max_graph_ops=...)` or "
+        "JAXTORCH_LAZY_MAX_OPS.",
+        LazyGraphWarning, stacklevel=2)
+    _pending_ops[0] = 0
+    sync(f"graph limit ({_max_ops[0]} ops)")
+
+
+# ---- switching ----------------------------------------------------------------------------
+def is_enabled() -> bool:
+    """Whether lazy mode is on."""
+    return ACTIVE[0]
+
+
+def set_enabled(on: bool, max_graph_ops: int | None = None) -> None:
+    """Turn lazy mode on or off (process-wide). Turning it off executes what is pending."""
+    if max_graph_ops is not None:
+        _max_ops[0] = int(max_graph_ops)
+    if ACTIVE[0] and not on:
+        ACTIVE[0] = False
+        sync("lazy mode switched off")
+    ACTIVE[0] = bool(on)
+
+
+@contextlib.contextmanager
+def lazy(max_graph_ops: int | None = None):
+    """Record ops on the `jax` device inside the block; pending work runs at its end.
+
+    **Arguments:**
+    - `max_graph_ops`: execute (with a `LazyGraphWarning`) when this many ops are pending
+      (default 100000, or `JAXTORCH_LAZY_MAX_OPS`).
+
+    **Example:**
+        ```python
+        with jaxtorch.lazy():
+            for x, y in batches:
+                opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+                jaxtorch.xla.mark_step()
+        ```
+    """
+    prev_on, prev_max = ACTIVE[0], _max_ops[0]
+    set_enabled(True, max_graph_ops)
+    try:
+        yield
+    finally:
+        set_enabled(prev_on)
+        _max_ops[0] = prev_max
+
+
+def clear_cache() -> None:
+    """Forget recorded-op kinds, inferred shapes and compiled programs (after re-registering a lowering)."""
+    with _lock:
+        _PROGRAMS.clear()
+        _SHAPES.clear()
+        _KINDS.clear()
