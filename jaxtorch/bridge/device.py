@@ -266,8 +266,10 @@ def is_jax_device(device) -> bool:
 
 
 def jax_device_of(device) -> jax.Device | None:
-    """The `jax.Device` that `"jax:N"` names, or None for a bare `"jax"` (JAX's default)."""
+    """The `jax.Device` that `"jax:N"` names, or None for JAX's default placement: a bare
+    `"jax"`, and `"jax:0"`, the name torch gives it (torch fills in index 0). Arrays placed
+    by None stay uncommitted, as `jnp`'s do; an explicit `"jax:N"`, N > 0, commits them."""
     device = torch.device(device)
-    if device.index is None:
+    if not device.index:
         return None
     return jax.devices()[device.index]
