@@ -33,6 +33,9 @@ EXPECTED = {
                     "each device holds (16, 32)", "same placement as the weight: True", "norms match NumPy: True"],
     "05_interop": ["grad_fn: _JaxVjpBackward", "mean of per-example grads == batch grad: True",
                    "matches a loop: True", "JaxModule(eqx: MLP)"],
+    "06_llm": ["logits float32[2@data,16,256] | same as one device: True", "each device holds (16, 64)",
+               "same tokens as torch's loop: True | as torch's generate: True",
+               "programs compiled: 2 (prefill and decode)", "<image/png>", "8 arrays changed, all LoRA: True"],
 }
 
 

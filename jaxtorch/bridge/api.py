@@ -86,10 +86,11 @@ def jax_inputs(tree, where: str):
 def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
     """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
 
-    Explicitly sharded arguments run with their mesh's axes Auto (`explicit.auto_axes`);
+    Explicitly sharded arguments (and tensors of `fn`'s module) run with their mesh's axes Auto
+    (`explicit.auto_axes`);
     `data` is the part of the arguments that is data, not parameters (default: all)."""
     with default_env(jax_by_default=True), key_scope(rng), matmul_precision(), \
-            explicit.auto_axes((targs, tkwargs), data) as region:
+            explicit.auto_axes((fn, targs, tkwargs), data) as region:
         out = fn(*targs, **tkwargs)
     out = region.finish(jax_view(_jaxify_leftovers(out)))
     pytrees.ensure_registered(out)

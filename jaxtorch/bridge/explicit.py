@@ -30,6 +30,7 @@ import contextlib
 from typing import Any, Iterator
 
 import jax
+import torch
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .tensor import JaxTensor
@@ -47,10 +48,22 @@ def _explicit(x) -> NamedSharding | None:
     return sharding
 
 
+def _tensors(tree) -> Iterator:
+    """The tensors in `tree`, and the parameters and buffers of the modules in it (a module,
+    or a bound method of one such as `model.forward`, is a leaf)."""
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, JaxTensor)):
+        module = getattr(leaf, "__self__", leaf)
+        if isinstance(module, torch.nn.Module):
+            yield from module.parameters()
+            yield from module.buffers()
+        else:
+            yield leaf
+
+
 def _roots(tree) -> list[JaxTensor]:
     """The distinct root `JaxTensor`s (not views) in `tree`, explicitly sharded ones only."""
     seen: dict[int, JaxTensor] = {}
-    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, JaxTensor)):
+    for leaf in _tensors(tree):
         if isinstance(leaf, JaxTensor):
             root = leaf if leaf._jt_base is None else leaf._jt_base
             if id(root) not in seen and _explicit(root._jt_elem) is not None:
@@ -102,7 +115,8 @@ def auto_axes(tree, data=None) -> Iterator[_Region]:
     """Run the block with the Explicit axes of the arrays in `tree` made Auto.
 
     **Arguments:**
-    - `tree`: the call's torch-side arguments (`JaxTensor`s in any nesting). Root tensors
+    - `tree`: the call's torch-side arguments (`JaxTensor`s in any nesting; the tensors of
+      modules in it count too, also of the module behind a bound method). Root tensors
       whose type names Explicit axes are resharded to the Auto mesh for the block and
       back to their own sharding after it (also on an exception).
     - `data`: the part of `tree` that holds data, not parameters (default: all of it);

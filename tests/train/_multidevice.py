@@ -6,6 +6,7 @@ Each check asserts and prints "OK <check>" at the end.
 """
 
 import contextlib
+import copy
 import os
 import sys
 import tempfile
@@ -136,7 +137,30 @@ def check_llama_meshes():
         if mesh is explicit:  # shardings stay in the types
             assert str(jax.typeof(state.params[q])) == "float32[32@model,32]", jax.typeof(state.params[q])
             assert str(jax.typeof(logits)) == "float32[4@data,12,64]", jax.typeof(logits)
+    _check_torch_first_llama(model, ids, ref_logits, explicit)
     print("OK llama_meshes")
+
+
+def _check_torch_first_llama(model, ids, ref_logits, mesh):
+    """The torch-first path: a module on the jax device whose own tensors are explicitly sharded,
+    through `jaxtorch.compile(model)` and through `jaxtorch.jit` with the module as an argument."""
+    from jaxtorch.train.sharding import spec_for
+
+    jaxtorch.enable_globally()
+    try:
+        m = copy.deepcopy(model).to("jax")
+        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+            t.data = jaxtorch.JaxTensor(jax.device_put(t.jax(), NamedSharding(mesh, spec_for(name, LLAMA_TP))))
+        x = jaxtorch.torch_view(jax.device_put(ids, NamedSharding(mesh, P("data"))))
+        forward = jaxtorch.jit(lambda model, x: model(x).logits)
+        with torch.no_grad():
+            for out in (jaxtorch.compile(m)(x).logits, forward(m, x)):
+                np.testing.assert_allclose(out.jax(), ref_logits, atol=1e-5)
+                assert str(jax.typeof(out.jax())) == "float32[4@data,12,64]", jax.typeof(out.jax())
+        q = m.model.layers[0].self_attn.q_proj.weight.jax()
+        assert str(jax.typeof(q)) == "float32[32@model,32]", jax.typeof(q)  # left as found
+    finally:
+        jaxtorch.disable_globally()
 
 
 def check_checkpoint():
