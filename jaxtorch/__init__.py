@@ -13,8 +13,9 @@ PyTorch-first (the two-line change):
     m = MyModel().to("jax"); y = m(torch.randn(3, 8, device="jax"))
     y.jax(); y.cpu()
     ```
-Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `JaxModule` (JAX modules
-as torch modules), and the submodules `train` (optax steps, sharding, checkpoints),
+Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `register_object` (a
+class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the submodules
+`train` (optax steps, sharding, checkpoints), `generation` (compiled greedy decoding),
 `coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
 """
 
@@ -26,12 +27,13 @@ from .bridge.jax_module import JaxModule
 from .bridge.convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.pytrees import register_object
 from .bridge.environment import default_env, disable_globally, enable_globally
-from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, UnsupportedOpError
+from .bridge.errors import (DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, StateWriteError,
+                           UnsupportedOpError)
 from .bridge.random import manual_seed
 from .bridge.tensor import JaxTensor
 from .ops.registry import register_op
 from .train import load_checkpoint, load_into, save_checkpoint
-from . import coverage, train, xla  # noqa: E402  (submodules: jaxtorch.train.make_train_step, ...)
+from . import coverage, generation, train, xla  # noqa: E402  (submodules: jaxtorch.train.make_train_step, ...)
 
 __version__ = "0.1.0"
 
@@ -65,5 +67,6 @@ __all__ = [
     "DeviceMismatchError",
     "Float64Error",
     "MissingKeyError",
+    "StateWriteError",
     "UnsupportedOpError",
 ]

@@ -80,3 +80,9 @@ class MissingKeyError(JaxtorchError):
             "`jaxtorch.compile`, or `jaxtorch.call_torch(f, *args, rng=key)`; or call `model.eval()` to turn "
             "dropout off."
         )
+
+
+class StateWriteError(JaxtorchError):
+    """A compiled function (`jaxtorch.jit`/`compile`) wrote into a tensor that is not program
+    state: one reached only through a closure or a global, or a traced value stored on a module
+    attribute that is not a parameter or buffer. The message names the tensor and the way out."""

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.compile import StateWriteError
+from jaxtorch import StateWriteError
 
 transformers = pytest.importorskip("transformers")
 cu = pytest.importorskip("transformers.cache_utils")
@@ -199,3 +199,12 @@ def test_a_traced_tensor_stored_on_a_module_raises_and_the_module_is_restored():
     with pytest.raises(StateWriteError, match="Stash.last"):
         jaxtorch.compile(model)(torch.ones(2))
     assert not hasattr(model, "last")
+
+
+def test_greedy_decoder_is_one_program_with_torchs_tokens(llama, prompt, torch_tokens):
+    decode = jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS)
+    assert np.asarray(decode(prompt, STEPS))[0].tolist() == torch_tokens
+    decode(prompt, STEPS)
+    assert decode.compilations == 1
+    with pytest.raises(ValueError, match="max_cache_len"):
+        decode(prompt, STEPS + 1)
