@@ -264,9 +264,10 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return
-    root = t._jt_base if t._jt_base is not None else t
-    if isinstance(root._jt_elem, jax.core.Tracer):
-        return  # program state (an argument, a module's tensor) or made inside the program
+    if isinstance(t, JaxTensor):
+        root = t._jt_base if t._jt_base is not None else t
+        if isinstance(root._jt_elem, jax.core.Tracer):
+            return  # program state (an argument, a module's tensor) or made inside the program
     raise StateWriteError(
         f"jaxtorch.compile: the function writes in place into {_describe(t, stack[-1])}, which is not "
         "program state: it is reached from outside the function's arguments (a closure or a global), so the "

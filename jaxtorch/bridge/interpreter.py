@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
 from . import eager, tracing
+from . import tensor as _tensor
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
@@ -495,6 +496,11 @@ class JaxDispatchMode(TorchDispatchMode):
             return _lift_fresh(args, kwargs)
         if _is_factory(func, args, kwargs):
             return _place(dispatch(func, args, kwargs), kwargs.get("device"))
+        if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
+            for i, name, kw_only in _mutated_args(func):
+                t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+                if isinstance(t, torch.Tensor):
+                    _tensor._check_write(t)
         return func(*args, **kwargs)
 
 
