@@ -166,6 +166,8 @@ class Compiled:
             if leaked:
                 raise StateWriteError(_leak_message(leaked))
             new_state.lrs = [[None] * len(per) for per in new_state.lrs]  # inputs only
+            # tensors the step did not write (a decode step's weights) do not come back
+            new_state.tensors = [None if v is s else v for v, s in zip(new_state.tensors, state.tensors)]
             written, new, aux = argstate.outcome(args, kwargs, inputs)
             self._aux[key] = aux
             return out, new_state, written, new

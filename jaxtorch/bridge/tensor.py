@@ -219,7 +219,8 @@ def write(t: JaxTensor, value) -> None:
     if write_checks:
         _check_write(t)
     target_dtype = to_jax_dtype(t.dtype)
-    value = jnp.asarray(value)
+    if not isinstance(value, jax.Array):
+        value = jnp.asarray(value)
     if value.dtype != target_dtype:
         value = value.astype(target_dtype)
     if value.shape != tuple(t.shape):

@@ -175,7 +175,8 @@ class Holders:
         learning rates are installed as tensors; otherwise hyperparameters are left alone.
         """
         for t, value in zip(self.tensors, state.tensors):
-            write(t, value)
+            if value is not None:  # None: not written by the step
+                write(t, value)
         for p, g in zip(self.params, state.grads):
             p.grad = None if g is None else JaxTensor(g)
         opt_statics = iter(statics or [])
