@@ -15,8 +15,9 @@ PyTorch-first (the two-line change):
     ```
 Lazy (torch_xla style): `jaxtorch.enable_globally(lazy=True)` or `with jaxtorch.lazy():`
 records ops and runs each step as one cached XLA program at `jaxtorch.xla.mark_step()`.
-Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `JaxModule` (JAX modules
-as torch modules), and the submodules `train` (optax steps, sharding, checkpoints),
+Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `register_object` (a
+class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the submodules
+`train` (optax steps, sharding, checkpoints), `generation` (compiled greedy decoding),
 `coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
 """
 
@@ -29,12 +30,13 @@ from .bridge.convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.pytrees import register_object
 from .bridge.environment import default_env, disable_globally, enable_globally
 from .bridge.lazy import lazy, sync
-from .bridge.errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, UnsupportedOpError
+from .bridge.errors import (DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, StateWriteError,
+                           UnsupportedOpError)
 from .bridge.random import manual_seed
 from .bridge.tensor import JaxTensor
 from .ops.registry import register_op
 from .train import load_checkpoint, load_into, save_checkpoint
-from . import coverage, train, xla  # noqa: E402  (submodules: jaxtorch.train.make_train_step, ...)
+from . import coverage, generation, train, xla  # noqa: E402  (submodules: jaxtorch.train.make_train_step, ...)
 
 __version__ = "0.1.0"
 
@@ -70,5 +72,6 @@ __all__ = [
     "DeviceMismatchError",
     "Float64Error",
     "MissingKeyError",
+    "StateWriteError",
     "UnsupportedOpError",
 ]

@@ -1,17 +1,34 @@
 """Torch-first compilation: `jaxtorch.compile` / `@jaxtorch.jit`.
 
 `compile(module_or_fn)` returns a callable taking torch tensors (on the `jax` device or
-the CPU) that runs the whole call as one `jax.jit` program. Module parameters and
-buffers enter the program as arguments (never as baked-in constants), buffers the call
-writes (BatchNorm statistics) are written back afterwards, tensors come back as
-`JaxTensor`s. Non-tensor arguments are static: each distinct signature (shapes, dtypes,
-static values) compiles once, and `compilations` counts how many times that happened.
+the CPU) that runs the whole call as one `jax.jit` program; tensors come back as
+`JaxTensor`s, and `compilations` counts traces.
 
-A whole train step written in torch compiles too: modules and optimizers passed as
-arguments (or named in `state=` when the function closes over them) have their
-parameters, buffers, `.grad`s, optimizer state and learning rates threaded through the
-program as inputs and outputs (`bridge/torch_state.py`), so `loss.backward()` and
-`opt.step()` become part of one XLA program and their effects land on the objects.
+State semantics (what a compiled call reads and writes):
+
+- Every tensor reachable from the arguments, through lists, tuples, dicts, dataclasses,
+  `ModelOutput`s, Hugging Face caches and any registered pytree (`pytrees.py`), is a
+  program input (traced, never a baked-in constant). What the function writes in place
+  (`cache.update`, `t.add_()`, `x[i] = v`), and new tensors it puts into those containers
+  (a `DynamicCache` growing, a cache layer initializing itself), come out of the program
+  and are written back into the caller's tensors and containers after the call.
+- Modules' parameters and buffers (the compiled module, the module of a compiled bound
+  `forward`, modules among the arguments or named in `state=`) are inputs too; buffers the
+  call writes (BatchNorm statistics) are written back. Modules and optimizers passed to a
+  compiled *function* are a train step's state: parameters, `.grad`s, optimizer state and
+  learning rates are threaded through (`torch_state.py`), so `loss.backward()` and
+  `opt.step()` happen inside the program.
+- Programs are cached by the arguments' structure, static values (non-tensor leaves) and
+  tensor shapes/dtypes: one compilation per distinct signature, never per value.
+- A write jaxtorch cannot carry out raises `StateWriteError` naming the tensor: an in-place
+  write to a tensor the function reaches only from outside its arguments (a closure or a
+  global), or a traced value stored on a module attribute that is not a parameter or
+  buffer. No tracer ever stays in a tensor that outlives the trace.
+- Modules are left exactly as found (every submodule once, shared ones included): their
+  tensors are swapped in for the trace and put back, and Python attributes a forward
+  changes while tracing are restored (they are not state; such changes happen at trace
+  time only).
+
 Random ops draw keys from the eager generator (`torch.manual_seed`) unless `rng=` is given.
 
 Example:
@@ -20,6 +37,10 @@ Example:
     y = fast(x)                 # traced and compiled on the first call
     y = fast(x2)                # same shapes: no retrace
     assert fast.compilations == 1
+
+    @jaxtorch.jit
+    def decode_step(model, tok, cache):      # writes the StaticCache in place
+        return model(tok, cache=cache).logits[:, -1:].argmax(-1)
 
     @jaxtorch.jit
     def train_step(model, opt, x, y):
@@ -46,13 +67,9 @@ from . import random as _random
 from . import tensor as _tensor
 from .api import _module_lock, _run_torch, named_state
 from .convert import array_to_torch, tensor_to_jax
-from .errors import JaxtorchError
+from .errors import StateWriteError
 from .tensor import JaxTensor, write
 from .torch_state import ArgState, Holders, ModuleSnapshot, swap_in
-
-
-class StateWriteError(JaxtorchError):
-    """A compiled function wrote in place into a tensor that is not program state."""
 
 
 class Compiled:
@@ -149,6 +166,8 @@ class Compiled:
             if leaked:
                 raise StateWriteError(_leak_message(leaked))
             new_state.lrs = [[None] * len(per) for per in new_state.lrs]  # inputs only
+            # tensors the step did not write (a decode step's weights) do not come back
+            new_state.tensors = [None if v is s else v for v, s in zip(new_state.tensors, state.tensors)]
             written, new, aux = argstate.outcome(args, kwargs, inputs)
             self._aux[key] = aux
             return out, new_state, written, new
@@ -247,9 +266,10 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return
-    root = t._jt_base if t._jt_base is not None else t
-    if isinstance(root._jt_elem, jax.core.Tracer):
-        return  # program state (an argument, a module's tensor) or made inside the program
+    if isinstance(t, JaxTensor):
+        root = t._jt_base if t._jt_base is not None else t
+        if isinstance(root._jt_elem, jax.core.Tracer):
+            return  # program state (an argument, a module's tensor) or made inside the program
     raise StateWriteError(
         f"jaxtorch.compile: the function writes in place into {_describe(t, stack[-1])}, which is not "
         "program state: it is reached from outside the function's arguments (a closure or a global), so the "
@@ -314,12 +334,24 @@ def _no_key() -> jax.Array:
 
 
 def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:  # noqa: A001
-    """Compile a torch module or function (a forward, or a whole train step) into `jax.jit` programs.
+    """Compile a torch module, a module's bound `forward`, or a function (a forward, a decode
+    step, a whole train step) into `jax.jit` programs.
+
+    Every tensor reachable from the arguments (modules, optimizers, caches, lists, dicts,
+    dataclasses, registered pytrees) is a program input, and what the call writes in place
+    is program state: carried out and written back into the caller's objects. Writes
+    jaxtorch cannot carry out (to tensors reached only through a closure or a global) raise
+    `StateWriteError` naming the tensor; modules are left as found. One compilation per
+    argument structure, static values and shapes (see the module docstring).
 
     **Arguments:**
-    - `target`: a `torch.nn.Module` (its parameters and buffers become program inputs) or a
-      function of torch tensors. Modules and optimizers among the function's arguments are
-      state: their tensors, grads, optimizer state and learning rates go in and come out.
+    - `target`: a `torch.nn.Module` (its parameters and buffers become program inputs), a
+      module's bound `forward` (`model.forward = jaxtorch.compile(model.forward)`, as
+      `torch.compile` users write; then `model.generate(..., cache_implementation="static")`
+      compiles the prefill once per prompt length and decoding once per cache length), or
+      a function of torch values. Modules and optimizers among the function's arguments are
+      a train step's state: their tensors, grads, optimizer state and learning rates go in
+      and come out.
     - `state`: modules and optimizers the function closes over, treated the same way.
 
     **Returns:** a `Compiled` callable; `.compilations` counts traces.
@@ -328,19 +360,30 @@ def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compile
         ```python
         fast = jaxtorch.compile(model)
         logits = fast(input_ids.to("jax"))
+        model.forward = jaxtorch.compile(model.forward)
+        out = model.generate(ids, max_new_tokens=32, do_sample=False, cache_implementation="static")
         ```
     """
     return Compiled(target, state=state)
 
 
 def jit(fn: Callable) -> Compiled:
-    """Decorator form of `compile` for torch functions.
+    """Decorator form of `compile` for torch functions (same state semantics).
+
+    **Arguments:**
+    - `fn`: a function of torch values (tensors, modules, optimizers, caches, containers).
+
+    **Returns:** a `Compiled` callable.
 
     **Example:**
         ```python
         @jaxtorch.jit
         def f(x, y):
             return torch.relu(x @ y).sum(-1)
+
+        @jaxtorch.jit
+        def step(model, tok, cache):             # one compilation for every decode step
+            return model(tok, cache=cache).logits[:, -1:].argmax(-1)
         ```
     """
     return Compiled(fn)

@@ -56,20 +56,6 @@ class DeviceMismatchError(JaxtorchError):
         )
 
 
-class StateWriteError(JaxtorchError):
-    """Torch code run as a pure JAX function (`call_torch`, `extract`'s `fn`) wrote to a CPU tensor."""
-
-    def __init__(self, op, shape):
-        name = getattr(op, "name", lambda: str(op))()
-        super().__init__(
-            f"`{name}` writes to a CPU tensor of shape {tuple(shape)} inside `jaxtorch.call_torch` (or the "
-            "function from `jaxtorch.extract`), which runs torch code as a pure JAX function: it never changes "
-            "torch state, eagerly or under jax.jit. If the tensor is a module buffer (BatchNorm running "
-            "statistics), use `params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns the new values; "
-            "or call `model.eval()`."
-        )
-
-
 class Float64Error(JaxtorchError, TypeError):
     """A float64/complex128 value met JAX with 64-bit mode off."""
 
@@ -93,4 +79,26 @@ class MissingKeyError(JaxtorchError):
             "`step(state, x, y, rng=key)` for `jaxtorch.train.make_train_step`, `fast(x, rng=key)` for "
             "`jaxtorch.compile`, or `jaxtorch.call_torch(f, *args, rng=key)`; or call `model.eval()` to turn "
             "dropout off."
+        )
+
+
+class StateWriteError(JaxtorchError):
+    """A write jaxtorch cannot carry out, raised instead of losing it.
+
+    A compiled function (`jaxtorch.jit`/`compile`) wrote into a tensor that is not program
+    state: one reached only through a closure or a global, or a traced value stored on a module
+    attribute that is not a parameter or buffer; or torch code run as a pure JAX function
+    (`call_torch`, `extract`'s `fn`) wrote to a CPU tensor (`cpu_write`). The message names
+    the tensor and the way out."""
+
+    @classmethod
+    def cpu_write(cls, op, shape) -> "StateWriteError":
+        """The error for a write to a CPU tensor inside `call_torch` / `extract`'s `fn`."""
+        name = getattr(op, "name", lambda: str(op))()
+        return cls(
+            f"`{name}` writes to a CPU tensor of shape {tuple(shape)} inside `jaxtorch.call_torch` (or the "
+            "function from `jaxtorch.extract`), which runs torch code as a pure JAX function: it never changes "
+            "torch state, eagerly or under jax.jit. If the tensor is a module buffer (BatchNorm running "
+            "statistics), use `params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns the new values; "
+            "or call `model.eval()`."
         )

@@ -33,6 +33,7 @@ from jax._src import core as _jax_core
 from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
 from . import eager, lazy, tracing
+from . import tensor as _tensor
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
 from .dtypes import to_jax_dtype
@@ -503,7 +504,7 @@ def _copy_(args, kwargs):
 def _cpu_write(func, dst) -> None:
     """Inside `call_torch`/`extract`'s fn, torch state (a CPU tensor) is never written."""
     if jax_by_default():
-        raise StateWriteError(func, dst.shape)
+        raise StateWriteError.cpu_write(func, dst.shape)
 
 
 def _local_scalar_dense(args, kwargs):
@@ -586,6 +587,11 @@ class JaxDispatchMode(TorchDispatchMode):
             return _lift_fresh(args, kwargs)
         if _is_factory(func, args, kwargs):
             return _place(dispatch(func, args, kwargs), kwargs.get("device"))
+        if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
+            for i, name, kw_only in _mutated_args(func):
+                t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+                if isinstance(t, torch.Tensor):
+                    _tensor._check_write(t)
         return func(*args, **kwargs)
 
 

@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import threading
 import weakref
 from typing import Any, Callable
@@ -162,6 +163,9 @@ class _Static:
         self.items = items
         self._hash = None
 
+    def __reduce__(self):
+        return _Static, (self.items,)
+
     def __eq__(self, other):
         if not isinstance(other, _Static) or len(self.items) != len(other.items):
             return False
@@ -285,6 +289,12 @@ def register_object(cls: type) -> type:
         return object_rebuild(cls, names, tuple(children), static)
 
     register(cls, flatten, unflatten, flatten_with_keys)
+    try:  # `jax.export`ed functions taking or returning it serialize (the metadata is pickled)
+        jax.export.register_pytree_node_serialization(
+            cls, serialized_name=f"{cls.__module__}.{cls.__qualname__}",
+            serialize_auxdata=pickle.dumps, deserialize_auxdata=pickle.loads)
+    except ValueError:  # already registered
+        pass
     return cls
 
 

@@ -285,7 +285,8 @@ def write(t: JaxTensor, value) -> None:
     if type(value) is _Lazy or (t._jt_base is not None and type(t._jt_base._jt_elem) is _Lazy):
         return _write_lazy(t, value)
     target_dtype = to_jax_dtype(t.dtype)
-    value = jnp.asarray(value)
+    if not isinstance(value, jax.Array):
+        value = jnp.asarray(value)
     if value.dtype != target_dtype:
         value = value.astype(target_dtype)
     if value.shape != tuple(t.shape):

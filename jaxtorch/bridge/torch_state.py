@@ -175,7 +175,8 @@ class Holders:
         learning rates are installed as tensors; otherwise hyperparameters are left alone.
         """
         for t, value in zip(self.tensors, state.tensors):
-            write(t, value)
+            if value is not None:  # None: not written by the step
+                write(t, value)
         for p, g in zip(self.params, state.grads):
             p.grad = None if g is None else JaxTensor(g)
         opt_statics = iter(statics or [])
@@ -226,7 +227,9 @@ def _is_holder(x) -> bool:
 class ArgState:
     """Every tensor reachable from a call's arguments (through lists, tuples, dicts,
     dataclasses, `ModelOutput`s, Hugging Face caches and any registered pytree), each
-    once by identity, and the static rest of the arguments.
+    once by identity, and the static rest of the arguments. An argument that is an object
+    of an unregistered class keeping tensors in its attributes gets its class registered
+    with `pytrees.register_object` (so its tensors are state, not constants).
 
     They enter the program as inputs; what the program writes in place, or the new
     tensors it puts into the argument containers (a growing `DynamicCache`, a cache
@@ -240,6 +243,12 @@ class ArgState:
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> "ArgState":
         leaves, treedef = pytrees.flatten((args, kwargs))
+        plain = {type(x) for x in leaves if _plain_stateful(x)}
+        while plain:  # an object of a class of yours holding tensors: its tensors are state too
+            for c in plain:
+                pytrees.register_object(c)
+            leaves, treedef = pytrees.flatten((args, kwargs))
+            plain = {type(x) for x in leaves if _plain_stateful(x)}
         index: dict[int, int] = {}
         tensors, statics = [], []
         for x in leaves:
@@ -317,6 +326,14 @@ class ArgState:
         new_args, new_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         _merge(args, new_args)
         _merge(kwargs, new_kwargs)
+
+
+def _plain_stateful(x) -> bool:
+    """An instance of an unregistered class keeping tensors in its attributes."""
+    if is_array_like(x) or _is_holder(x) or isinstance(x, type) or callable(x):
+        return False
+    d = getattr(x, "__dict__", None)
+    return isinstance(d, dict) and type(x).__module__ != "builtins" and any(pytrees.holds_arrays(v) for v in d.values())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.compile import StateWriteError
+from jaxtorch import StateWriteError
 
 transformers = pytest.importorskip("transformers")
 cu = pytest.importorskip("transformers.cache_utils")
@@ -199,3 +199,43 @@ def test_a_traced_tensor_stored_on_a_module_raises_and_the_module_is_restored():
     with pytest.raises(StateWriteError, match="Stash.last"):
         jaxtorch.compile(model)(torch.ones(2))
     assert not hasattr(model, "last")
+
+
+def test_greedy_decoder_is_one_program_with_torchs_tokens(llama, prompt, torch_tokens):
+    decode = jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS)
+    assert np.asarray(decode(prompt, STEPS))[0].tolist() == torch_tokens
+    decode(prompt, STEPS)
+    assert decode.compilations == 1
+    with pytest.raises(ValueError, match="max_cache_len"):
+        decode(prompt, STEPS + 1)
+
+
+class _Running:  # a plain class of the user's, not registered anywhere
+    def __init__(self):
+        self.mean = torch.zeros(2)
+        self.steps = 0
+
+
+def test_tensors_of_a_plain_object_argument_are_state_not_constants():
+    @jaxtorch.jit
+    def update(stats, x):
+        stats.mean.mul_(0.5).add_(x * 0.5)
+        return stats.mean.sum()
+
+    stats = _Running()
+    for i in range(3):
+        update(stats, torch.full((2,), 4.0))
+    assert stats.mean.tolist() == [3.5, 3.5] and update.compilations == 1 and stats.steps == 0
+
+
+def test_a_write_to_a_closed_over_cpu_tensor_raises():
+    counter = torch.zeros(())
+
+    @jaxtorch.jit
+    def f(x):
+        counter.add_(1)
+        return x + 1
+
+    with pytest.raises(StateWriteError, match="`counter`"):
+        f(torch.ones(2))
+    assert float(counter) == 0.0
