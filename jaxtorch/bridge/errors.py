@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 
 class JaxtorchError(RuntimeError):
     """Base class of jaxtorch's errors."""
@@ -26,14 +29,35 @@ class UnsupportedOpError(JaxtorchError, NotImplementedError):
         self.op = op
 
 
+# Frames that are machinery between the user's line and the op (jaxtorch, torch's dispatch, jax).
+_MACHINERY = (str(Path(__file__).resolve().parents[1]), "torch/_ops.py", "torch/overrides.py", "torch/_tensor.py",
+              "torch/utils/_python_dispatch.py", "torch/utils/_device.py", "torch/_prims_common", "/jax/",
+              "torch/_decomp", "torch/_refs", "torch/utils/_contextlib.py", "torch/nn/modules/module.py")
+
+
+def source_line() -> str:
+    """`file:line: code` of the innermost Python frame outside jaxtorch and torch's dispatch
+    machinery: the line (of the user's code, or of torch's own Python code) that asked for a value."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not any(m in frame.filename for m in _MACHINERY):
+            name = frame.filename.split("site-packages/")[-1]
+            return f"{name}:{frame.lineno}: `{(frame.line or '').strip()}`"
+    return ""
+
+
 class DataDependentError(JaxtorchError):
-    """An op whose output shape or Python value depends on array values ran under tracing."""
+    """An op whose output shape or Python value depends on array values ran under tracing.
+
+    The message names the Python line that asked for the value (`source_line`).
+    """
 
     def __init__(self, op, hint: str = ""):
         name = getattr(op, "name", lambda: str(op))()
+        where = source_line()
         msg = (
             f"`{name}` produces a shape or Python value that depends on the data, so it cannot be "
             "traced by jax.jit/grad/vmap (the values are abstract tracers there). "
+            + (f"It was asked for at {where}. " if where else "")
             + (hint.rstrip(". ") + ". " if hint else "")
             + "Run it eagerly (outside jax.jit), or rewrite it with a static shape: "
             "`torch.where(mask, x, 0)` instead of `x[mask]`, `nonzero(size=...)`-style padding, "
