@@ -220,6 +220,7 @@ _STATIC_FLOATS: set = set()  # ops whose lowering needs its Python floats concre
 _FLOAT = ("float",)
 _NOT_RECORDABLE = eager.NOT_JITTABLE_ERRORS
 _Array = jax.Array
+_ArrayImpl = type(jnp.zeros(()))
 
 
 _SLOT = eager._SLOT  # where an array goes in a call's static skeleton
@@ -326,7 +327,7 @@ def _record(entry, dyn: list, name: str):
             avals.append(_FLOAT)
             continue
         ins.append(x)
-        avals.append((x.shape, x.dtype, x.weak_type))
+        avals.append((x.shape, x.dtype, x.weak_type if type(x) is _ArrayImpl else getattr(x, "weak_type", False)))
     akey = (kid, tuple(avals))
     shapes = _SHAPES.get(akey)
     if shapes is None:
@@ -368,7 +369,7 @@ _MAX_PROGRAMS = 2000
 def _leaf_aval(x):
     if type(x) is float:
         return _FLOAT
-    return (x.shape, x.dtype, x.weak_type, x.sharding)
+    return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
 
 
 def _linearize(targets: list[LazyArray]):
@@ -518,7 +519,7 @@ def sync(reason: str | None = None) -> None:
     with _lock:
         refs = list(_TRACKED.values())
         _TRACKED.clear()
-        if reason is None:
+        if reason is None and (ACTIVE[0] or refs):
             _M.mark_steps += 1
             _M.ops_recorded.append(_pending_ops[0])
             del _M.ops_recorded[:-_HISTORY]
@@ -572,8 +573,8 @@ def set_enabled(on: bool, max_graph_ops: int | None = None) -> None:
     if max_graph_ops is not None:
         _max_ops[0] = int(max_graph_ops)
     if ACTIVE[0] and not on:
+        sync()  # the end of lazy mode is a step boundary
         ACTIVE[0] = False
-        sync("lazy mode switched off")
     ACTIVE[0] = bool(on)
 
 
