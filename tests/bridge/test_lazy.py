@@ -280,6 +280,8 @@ def test_xla_helpers_turn_lazy_mode_on_and_mark_steps():
         F.mse_loss(model(x), y).backward()
         xm.optimizer_step(opt)
     m = xm.metrics()
-    assert m.mark_steps == 3 and m.compiles == 2 and m.cache_hits == 1, xm.metrics_report()
+    # plain SGD has no state: the first step's graph is the steady one
+    assert m.mark_steps == 3 and m.compiles == 1 and m.cache_hits == 2, xm.metrics_report()
+    assert not m.fallbacks and not m.unplanned, xm.metrics_report()
     report = xm.metrics_report()
-    assert "compiled programs: 2" in report and "cache hits: 1" in report
+    assert "compiled programs: 1" in report and "cache hits: 2" in report
