@@ -220,6 +220,7 @@ _STATIC_FLOATS: set = set()  # ops whose lowering needs its Python floats concre
 _FLOAT = ("float",)
 _NOT_RECORDABLE = eager.NOT_JITTABLE_ERRORS
 _Array = jax.Array
+_ArrayImpl = type(jnp.zeros(()))
 
 
 _SLOT = eager._SLOT  # where an array goes in a call's static skeleton
@@ -326,7 +327,7 @@ def _record(entry, dyn: list, name: str):
             avals.append(_FLOAT)
             continue
         ins.append(x)
-        avals.append((x.shape, x.dtype, x.weak_type))
+        avals.append((x.shape, x.dtype, x.weak_type if type(x) is _ArrayImpl else getattr(x, "weak_type", False)))
     akey = (kid, tuple(avals))
     shapes = _SHAPES.get(akey)
     if shapes is None:
@@ -368,27 +369,22 @@ _MAX_PROGRAMS = 2000
 def _leaf_aval(x):
     if type(x) is float:
         return _FLOAT
-    return (x.shape, x.dtype, x.weak_type, x.sharding)
+    return (x.shape, x.dtype, getattr(x, "weak_type", False), x.sharding)
 
 
 def _linearize(targets: list[LazyArray]):
-    """Topological order of the nodes the targets need, the leaves, and the structure key."""
+    """Topological order of the nodes the targets need, the leaves, and the structure key.
+
+    Leaves are merged by identity (a parameter read twice is one input), except Python
+    floats: their identity is no part of the structure.
+    """
     node_pos: dict[int, int] = {}
     order: list[_Node] = []
     parts: list = []
     leaves: list = []
     leaf_pos: dict[int, int] = {}
-
-    def leaf(x) -> int:
-        if type(x) is float:  # never merged: identity of a float is not structure
-            leaves.append(x)
-            return -len(leaves)
-        i = leaf_pos.get(id(x))
-        if i is None:
-            leaves.append(x)
-            i = leaf_pos[id(x)] = -len(leaves)
-        return i
-
+    uses: list[int] = []  # per leaf: how many node inputs hold it directly
+    lazy_t = LazyArray
     for t in targets:
         stack = [t.node]
         while stack:
@@ -398,7 +394,7 @@ def _linearize(targets: list[LazyArray]):
                 continue
             pushed = False
             for x in n.inputs:
-                if type(x) is LazyArray and x.value is None and id(x.node) not in node_pos:
+                if type(x) is lazy_t and x.value is None and id(x.node) not in node_pos:
                     stack.append(x.node)
                     pushed = True
             if pushed:
@@ -406,24 +402,53 @@ def _linearize(targets: list[LazyArray]):
             stack.pop()
             refs = []
             for x in n.inputs:
-                if type(x) is LazyArray:
-                    refs.append((node_pos[id(x.node)], x.index) if x.value is None else leaf(x.value))
-                else:
-                    refs.append(leaf(x))
+                direct = 1
+                if type(x) is lazy_t:
+                    v = x.value
+                    if v is None:
+                        refs.append((node_pos[id(x.node)], x.index))
+                        continue
+                    x, direct = v, 0
+                if type(x) is float:
+                    leaves.append(x)
+                    uses.append(direct)
+                    refs.append(-len(leaves))
+                    continue
+                i = leaf_pos.get(id(x))
+                if i is None:
+                    leaves.append(x)
+                    uses.append(0)
+                    i = leaf_pos[id(x)] = -len(leaves)
+                uses[-1 - i] += direct
+                refs.append(i)
             node_pos[id(n)] = len(order)
             order.append(n)
             parts.append((n.kid, tuple(refs)))
     outs = tuple((node_pos[id(t.node)], t.index) for t in targets)
     key = (tuple(parts), tuple(_leaf_aval(x) for x in leaves), outs)
-    return order, leaves, outs, key
+    return order, leaves, uses, outs, key
 
 
-def _build(order: list[_Node], outs: tuple, parts: tuple) -> Callable:
+def _donatable(leaves: list, uses: list[int]) -> tuple[bool, ...]:
+    """Which leaves no one but the graph holds (their owners moved on to new values), so the
+    program may reuse their buffers: only the graph's node inputs refer to them."""
+    mask = []
+    for i in range(len(leaves)):
+        x = leaves[i]
+        # references: `leaves`, `x`, getrefcount's argument, the node inputs; any other
+        # holder (a tensor, a view's cache, the user's `t.jax()`) keeps the array intact
+        mask.append(type(x) is _ArrayImpl and sys.getrefcount(x) == 3 + uses[i] and x.size > 0)
+    return tuple(mask)
+
+
+def _build(order: list[_Node], outs: tuple, parts: tuple, mask: tuple[bool, ...]) -> Callable:
     plan = [(n.fn, refs, n.name) for n, (_, refs) in zip(order, parts)]
     del order
 
-    def program(leaves):
+    def program(donated, kept):
         _M.compiles += 1  # runs once per trace
+        its = (iter(kept), iter(donated))
+        leaves = [next(its[d]) for d in mask]
         vals = []
         for fn, refs, name in plan:
             args = [leaves[-1 - r] if type(r) is int else vals[r[0]][r[1]] for r in refs]
@@ -431,13 +456,18 @@ def _build(order: list[_Node], outs: tuple, parts: tuple) -> Callable:
                 vals.append(jax.tree_util.tree_leaves(fn(*args)))
         return [vals[p][i] for p, i in outs]
 
-    return jax.jit(program)
+    return jax.jit(program, donate_argnums=0 if any(mask) else ())
 
 
-def materialize(targets: list[LazyArray], reason: str | None = None) -> None:
+_DONATE = os.environ.get("JAXTORCH_LAZY_DONATE", "1") != "0"
+
+
+def materialize(targets: list[LazyArray], reason: str | None = None, donate: bool = False) -> None:
     """Execute what the pending `targets` need, as one program; sets each target's `value`.
 
-    `reason` (None for a planned `mark_step`) is counted in `metrics().unplanned`.
+    `reason` (None for a planned `mark_step`) is counted in `metrics().unplanned`. With
+    `donate` (a full sync: every live tensor is a target, so no pending value outside the
+    graph can need an input later), inputs that only the graph holds are donated.
     """
     seen: set[int] = set()
     pending = []
@@ -448,7 +478,9 @@ def materialize(targets: list[LazyArray], reason: str | None = None) -> None:
     if not pending:
         return
     with _lock:
-        order, leaves, outs, key = _linearize(pending)
+        order, leaves, uses, outs, key = _linearize(pending)
+        mask = _donatable(leaves, uses) if donate and _DONATE else (False,) * len(leaves)
+        key = (key, mask)
         prog = _PROGRAMS.get(key)
         if reason is not None:
             _M.unplanned[f"{reason} at {_where()}"] += 1
@@ -459,13 +491,21 @@ def materialize(targets: list[LazyArray], reason: str | None = None) -> None:
         if prog is None:
             if len(_PROGRAMS) >= _MAX_PROGRAMS:
                 _PROGRAMS.clear()
-            prog = _PROGRAMS[key] = _build(order, outs, key[0])
+            prog = _PROGRAMS[key] = _build(order, outs, key[0][0], mask)
             new = True
         else:
             _M.cache_hits += 1
             new = False
         del order
-        values = prog(leaves)
+        donated = [x for x, d in zip(leaves, mask) if d]
+        kept = [x for x, d in zip(leaves, mask) if not d]
+        del leaves
+        if new:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                values = prog(donated, kept)
+        else:
+            values = prog(donated, kept)
         dt = time.perf_counter() - t0
         if new:  # the first run includes tracing and compiling
             _M.compile_seconds += dt
@@ -518,7 +558,7 @@ def sync(reason: str | None = None) -> None:
     with _lock:
         refs = list(_TRACKED.values())
         _TRACKED.clear()
-        if reason is None:
+        if reason is None and (refs or _pending_ops[0]):  # (an empty sync is no step)
             _M.mark_steps += 1
             _M.ops_recorded.append(_pending_ops[0])
             del _M.ops_recorded[:-_HISTORY]
@@ -530,7 +570,7 @@ def sync(reason: str | None = None) -> None:
         root = t if base is None else base
         if type(root._jt_elem) is LazyArray:
             roots.append(root)
-    materialize([r._jt_elem for r in roots], reason)
+    materialize([r._jt_elem for r in roots], reason, donate=True)
     for r in roots:
         e = r._jt_elem
         if type(e) is LazyArray:
@@ -572,8 +612,8 @@ def set_enabled(on: bool, max_graph_ops: int | None = None) -> None:
     if max_graph_ops is not None:
         _max_ops[0] = int(max_graph_ops)
     if ACTIVE[0] and not on:
+        sync()  # the end of lazy mode is a step boundary
         ACTIVE[0] = False
-        sync("lazy mode switched off")
     ACTIVE[0] = bool(on)
 
 

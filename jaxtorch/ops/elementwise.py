@@ -88,11 +88,16 @@ def _mul(a, b):
 # ---------------------------------------------------------------------------------------
 # arithmetic
 # ---------------------------------------------------------------------------------------
+def _is_one(v) -> bool:
+    """Whether `v` is a Python 1 (a traced scalar, e.g. a float in lazy mode, never is)."""
+    return type(v) in (int, float) and v == 1
+
+
 @register(aten.add.Tensor, aten.add.Scalar)
 @elementwise(DEFAULT, n=2)
 def add(a, b, alpha=1):
     """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer."""
-    return _add(a, _mul(b, alpha) if alpha != 1 else b)
+    return _add(a, b if _is_one(alpha) else _mul(b, alpha))
 
 
 def _no_bool_sub(a, b):
@@ -103,7 +108,7 @@ def _no_bool_sub(a, b):
 
 @elementwise(DEFAULT, n=2)
 def _sub(a, b, alpha=1):
-    return binary(lax.sub, operator.sub, a, _mul(b, alpha) if alpha != 1 else b)
+    return binary(lax.sub, operator.sub, a, b if _is_one(alpha) else _mul(b, alpha))
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
@@ -275,8 +280,8 @@ def addcmul(a, t1, t2, value=1):
 
 
 def _scaled(value, x):
-    """`value * x`, skipped for a Python 1 (a traced scalar, e.g. in lazy mode, is multiplied)."""
-    return x if type(value) in (int, float) and value == 1 else value * x
+    """`value * x`, skipped for a Python 1."""
+    return x if _is_one(value) else value * x
 
 
 @register(aten.addcdiv.default)

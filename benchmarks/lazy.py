@@ -1,0 +1,130 @@
+"""Benchmark: a torch_xla-style training loop in jaxtorch's lazy mode (issue 15).
+
+The loop is the unmodified PyTorch one plus `mark_step()`: `zero_grad`, Hugging Face
+GPT-2's own loss (4 layers, width 256, 4 heads, vocab 8192, random weights, dropout off),
+`loss.backward()`, `torch.optim.AdamW.step()`, `mark_step()`, on a batch of 8 x 128 tokens.
+The same step runs four ways, interleaved step by step after warm-up (a busy machine
+slows all alike), medians reported as ratios to the lazy step:
+
+- lazy: `jaxtorch.lazy()`; the step is recorded and runs as one cached XLA program;
+- `jaxtorch.jit`: the same step function compiled whole (modules/optimizer as state);
+- eager mode: `jaxtorch.enable_globally()` without lazy (each op dispatched to JAX);
+- eager PyTorch on the CPU.
+
+Also printed: compilations after the third lazy step (target 0) and the recording cost
+(Python time from the start of the step to `mark_step`) as a share of the lazy step.
+
+    python benchmarks/lazy.py                 # 4 layers, 8x128, 5 timed steps
+    python benchmarks/lazy.py --steps 10 --layers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import torch  # noqa: E402
+
+import jaxtorch  # noqa: E402
+import jaxtorch.xla as xm  # noqa: E402
+from benchmarks.models import gpt2  # noqa: E402
+
+
+def make(layers: int, seq: int, device: str):
+    """A GPT-2 (same initial weights every call) and its AdamW, on `device`."""
+    model = gpt2(layers, seq=seq).train().to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def step(model, opt, ids):
+    """One torch training step; returns the loss tensor."""
+    opt.zero_grad()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--skip", default="", help="comma-separated: eager,torch,jit")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    g = torch.Generator().manual_seed(0)
+    ids_cpu = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
+    jaxtorch.enable_globally()
+    ids = ids_cpu.to("jax")
+
+    runs, record = {}, []
+
+    lz_model, lz_opt = make(args.layers, args.seq, "jax")
+
+    def lazy_step():
+        with jaxtorch.lazy():
+            t0 = time.perf_counter()
+            loss = step(lz_model, lz_opt, ids)
+            record.append(time.perf_counter() - t0)
+            xm.mark_step()
+        loss.jax().block_until_ready()
+
+    runs["lazy"] = lazy_step
+    if "jit" not in skip:
+        jt_model, jt_opt = make(args.layers, args.seq, "jax")
+        compiled = jaxtorch.jit(step)
+        runs["jaxtorch.jit"] = lambda: compiled(jt_model, jt_opt, ids).jax().block_until_ready()
+    if "eager" not in skip:
+        eg_model, eg_opt = make(args.layers, args.seq, "jax")
+        runs["eager mode"] = lambda: step(eg_model, eg_opt, ids).jax().block_until_ready()
+    if "torch" not in skip:
+        tc_model, tc_opt = make(args.layers, args.seq, "cpu")
+        runs["eager PyTorch CPU"] = lambda: step(tc_model, tc_opt, ids_cpu).item()
+
+    xm.clear_metrics()
+    first = {}
+    compiles_by_step = []
+    for i in range(args.warmup):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            first.setdefault(name, []).append(time.perf_counter() - t0)
+            if name == "lazy":
+                compiles_by_step.append(xm.metrics().compiles)
+    record.clear()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.steps):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+            if name == "lazy":
+                compiles_by_step.append(xm.metrics().compiles)
+    m = xm.metrics()
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"GPT-2 {args.layers}x256, batch {args.batch}x{args.seq}, AdamW, backward + step + mark_step; "
+          f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
+          f"{args.steps} timed steps after {args.warmup} warm-up, interleaved")
+    for name, ts in times.items():
+        print(f"{name:>18}: median {med[name] * 1e3:8.1f} ms/step (range {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}); "
+              f"warm-up steps {', '.join(f'{t:.1f}' for t in first[name])} s; lazy / this {med['lazy'] / med[name]:.2f}x")
+    after3 = compiles_by_step[-1] - compiles_by_step[2]
+    rec = statistics.median(record)
+    print(f"lazy: compilations per step {compiles_by_step} -> {after3} after the third step; "
+          f"{m.cache_hits} cache hits; unplanned executions {sum(m.unplanned.values())}")
+    print(f"lazy: recording {rec * 1e3:.1f} ms/step = {rec / med['lazy'] * 100:.0f}% of the step "
+          f"({m.ops_recorded[-1]} ops recorded per step)")
+    print(xm.metrics_report())
+
+
+if __name__ == "__main__":
+    main()
