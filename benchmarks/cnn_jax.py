@@ -147,3 +147,17 @@ def convert(model: torch.nn.Module, train: bool = False) -> tuple[dict, Callable
     if isinstance(model, MobileNetV2):
         return _mobilenet_v2(model, train)
     raise TypeError(f"no hand-written JAX version of {type(model).__name__}")
+
+
+def with_torch_layout(params: dict, fn: Callable) -> tuple[dict, Callable]:
+    """The same network taking its convolution weights in torch's OIHW layout, transposed to HWIO
+    inside the program (as any program must that gets torch-layout weights as arguments).
+
+    **Arguments:** `params`, `fn` from `convert`.
+
+    **Returns:** `(params_oihw, fn_oihw)`.
+    """
+    to_oihw = lambda a: a.transpose(3, 2, 0, 1) if a.ndim == 4 else a  # noqa: E731
+    to_hwio = lambda a: a.transpose(2, 3, 1, 0) if a.ndim == 4 else a  # noqa: E731
+    return jax.tree_util.tree_map(to_oihw, params), lambda p, x: fn(jax.tree_util.tree_map(to_hwio, p), x)
+

@@ -11,7 +11,9 @@ For `models.cnn("resnet18")` and `models.cnn("mobilenet_v2")`, batch 8, 3x112x11
 All three sides of a row are timed interleaved (one call of each in turn) in several rounds;
 each round gives a median, and the table shows the range of the per-round ratios. The
 hand-written network is checked against torch before it is timed, and the optimized HLO of
-both jitted programs is counted (transposes, copies, convolutions, fusions).
+both jitted programs is counted (transposes, copies, convolutions, fusions). The forward rows
+add a fourth side: the hand-written network taking its weights in torch's OIHW layout and
+transposing them to HWIO inside the program, as every program given torch-layout weights must.
 
     python benchmarks/vision.py                       # both networks, forward and train step
     python benchmarks/vision.py --only resnet18 --rounds 7 --hlo
@@ -33,9 +35,9 @@ import numpy as np
 import optax
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # this checkout's jaxtorch
 import jaxtorch  # noqa: E402
-from cnn_jax import convert  # noqa: E402
+from cnn_jax import convert, with_torch_layout  # noqa: E402
 from jaxtorch.train import make_train_step  # noqa: E402
 from models import cnn  # noqa: E402
 
@@ -62,13 +64,17 @@ def timed_rounds(fns: dict[str, Callable[[], object]], rounds: int, calls: int, 
 
 
 def hlo_counts(text: str) -> dict[str, int]:
-    """Instructions of an optimized HLO module: transposes, copies, convolutions, fusions,
-    and how many fusions hold a convolution (XLA:CPU fuses element-wise ops into them)."""
+    """Instructions of an optimized HLO module: the transposes/copies the entry computation
+    materializes (its fusions named after a transpose or copy), then counts over all computations
+    (fused ones included): transposes, copies, convolutions, fusions, the YNNPACK fusions that run
+    XLA:CPU's convolutions, reduce-windows, select-and-scatters, scatters."""
     lines = text.splitlines()
+    entry = text[text.index("\nENTRY"):].splitlines()
+    relayouts = sum(1 for ln in entry if re.search(r"%(transpose|copy)[\w.-]* = ", ln))
     count = lambda op: sum(1 for ln in lines if re.search(rf"= \S+ {op}\(", ln))  # noqa: E731
-    conv_fusions = sum(1 for ln in lines if re.search(r"fusion\(.*kind=kOutput", ln)) 
-    return {"transpose": count("transpose"), "copy": count("copy"), "convolution": count("convolution"),
-            "fusion": count("fusion"), "conv-fusions": conv_fusions, "reduce-window": count("reduce-window"),
+    conv_fusions = sum(1 for ln in lines if re.search(r"ynn_fusion[.\d]* = ", ln))
+    return {"entry relayouts": relayouts, "transpose": count("transpose"), "copy": count("copy"), "convolution": count("convolution"),
+            "fusion": count("fusion"), "ynn-fusion": conv_fusions, "reduce-window": count("reduce-window"),
             "select-and-scatter": count("select-and-scatter"), "scatter": count("scatter")}
 
 
@@ -83,8 +89,11 @@ def _ms(ts: list[float]) -> str:
 
 def _report(name: str, t: dict[str, list], target_torch: str, target_ref: str) -> None:
     jt, tt, ref = t["jaxtorch"], t["torch"], t["nhwc"]
+    oihw = t.get("nhwc_oihw")
     row = (name, _ratio_range(jt, tt), target_torch, _ratio_range(jt, ref), target_ref,
-           f"jaxtorch {_ms(jt)}, torch {_ms(tt)}, NHWC JAX {_ms(ref)}")
+           _ratio_range(jt, oihw) if oihw else "-", _ratio_range(ref, tt),
+           f"jaxtorch {_ms(jt)}, torch {_ms(tt)}, NHWC JAX {_ms(ref)}"
+           + (f", NHWC JAX with OIHW weights {_ms(oihw)}" if oihw else ""))
     ROWS.append(row)
     print(" | ".join(row), flush=True)
 
@@ -96,12 +105,15 @@ def bench_forward(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
     f_jt = jax.jit(fn)
     rparams, rfn = convert(model, train=False)
     f_ref = jax.jit(rfn)
+    oparams, ofn = with_torch_layout(rparams, rfn)
+    f_oihw = jax.jit(ofn)
     jx = jnp.asarray(x.numpy())
     jx_nhwc = jnp.transpose(jx, (0, 2, 3, 1))
     with torch.no_grad():
         want = model(x).numpy()
     # the references agree with torch (float32 round-off of different convolution algorithms)
     np.testing.assert_allclose(np.asarray(f_ref(rparams, jx_nhwc)), want, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(f_oihw(oparams, jx_nhwc)), want, rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(np.asarray(f_jt(params, jx)), want, rtol=1e-3, atol=1e-3)
 
     def torch_fwd():
@@ -109,7 +121,8 @@ def bench_forward(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
             model(x)
 
     t = timed_rounds({"jaxtorch": lambda: f_jt(params, jx).block_until_ready(), "torch": torch_fwd,
-                      "nhwc": lambda: f_ref(rparams, jx_nhwc).block_until_ready()}, rounds, calls)
+                      "nhwc": lambda: f_ref(rparams, jx_nhwc).block_until_ready(),
+                      "nhwc_oihw": lambda: f_oihw(oparams, jx_nhwc).block_until_ready()}, rounds, calls)
     _report(f"{name} forward (eval)", t, "<= 1.0x", "<= 1.1x")
     c_jt = hlo_counts(f_jt.lower(params, jx).compile().as_text())
     c_ref = hlo_counts(f_ref.lower(rparams, jx_nhwc).compile().as_text())
@@ -168,7 +181,7 @@ def bench_train(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
         return loss
 
     # same first loss on all three sides
-    want = float(tt())
+    want = float(tt().detach())
     _, _, _, l_ref = ref_step(rparams, opt.init(rparams), jx_nhwc, jy)
     _, l_jt = step(init(), jx, jy)
     np.testing.assert_allclose([float(l_ref), float(l_jt)], [want, want], rtol=1e-4)
@@ -198,8 +211,9 @@ def main() -> None:
         if "train" in args.mode:
             bench_train(name, args.rounds, args.calls, args.hlo)
     print(f"\nbatch {BATCH}, 3x{SIZE}x{SIZE}; ranges over {args.rounds} rounds of {args.calls} interleaved calls\n")
-    print("| benchmark | jaxtorch / eager torch | target | jaxtorch / NHWC JAX | target | detail |")
-    print("|---|---|---|---|---|---|")
+    print("| benchmark | jaxtorch / eager torch | target | jaxtorch / NHWC JAX | target "
+          "| jaxtorch / NHWC JAX taking OIHW weights | NHWC JAX / eager torch | detail |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in ROWS:
         print("| " + " | ".join(row) + " |")
 
