@@ -86,6 +86,37 @@ def test_conv(case):
     _grad_check(fn, x, w, b, tol=1e-3)
 
 
+@pytest.mark.parametrize("case", [
+    dict(dim=1, mult=2, stride=2, padding=2, dilation=1, k=5),
+    dict(dim=2, mult=1, stride=(2, 1), padding=(1, 0), dilation=(1, 2), k=3),
+    dict(dim=2, mult=3, stride=1, padding="same", dilation=1, k=7),
+    dict(dim=3, mult=1, stride=1, padding=1, dilation=1, k=3),
+])
+def test_depthwise_conv(case):
+    """groups == input channels (with a channel multiplier): lowered as a sum of shifted slices."""
+    d, c = case["dim"], 4
+    x = torch.randn((2, c) + (9,) * d)
+    w = torch.randn((c * case["mult"], 1) + (case["k"],) * d)
+    b = torch.randn(c * case["mult"])
+    conv = getattr(F, f"conv{d}d")
+    fn = lambda x, w, b: conv(x, w, b, stride=case["stride"], padding=case["padding"],  # noqa: E731
+                              dilation=case["dilation"], groups=c)
+    _both(fn, x, w, b, tol=1e-4)
+    _grad_check(fn, x, w, b, tol=1e-4)
+    # bfloat16 accumulates in float32, as torch's CPU kernel does
+    xh, wh = x.bfloat16(), w.bfloat16()
+    got = _run(lambda x, w: fn(x, w, None), *(_jax(t.float()).astype(jnp.bfloat16) for t in (xh, wh)))
+    _check(fn(xh, wh, None).float(), got.astype(jnp.float32), tol=1e-2)
+    # torch autograd on the jax device runs convolution_backward through the same lowering
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    fn(*leaves).square().sum().backward()
+    with jaxtorch.default_env():
+        dev = [t.to("jax").requires_grad_() for t in (x, w, b)]
+        fn(*dev).square().sum().backward()
+    for t, tj in zip(leaves, dev):
+        np.testing.assert_allclose(tj.grad.cpu().numpy(), t.grad.numpy(), rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("dim,groups,output_padding", [(1, 1, 1), (2, 2, 1), (2, 1, 0), (3, 1, 0)])
 def test_conv_transpose(dim, groups, output_padding):
     x = torch.randn((2, 4) + (5,) * dim)
