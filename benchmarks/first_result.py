@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
 STEPS = ("extract", "trace", "compile", "run")
 
 
@@ -89,6 +89,7 @@ def child(name: str, kind: str, cache: str | None) -> dict:
     model, x, out, loss, labels = _model(name)
     jx, jlabels = jaxtorch.to_jax(x), jaxtorch.to_jax(labels)
     t = {}
+    c0 = time.process_time()
     t0 = time.perf_counter()
     params, fn = jaxtorch.extract(model)
     t["extract"] = time.perf_counter() - t0
@@ -104,13 +105,15 @@ def child(name: str, kind: str, cache: str | None) -> dict:
     t0 = time.perf_counter()
     lowered = f.lower(*args)
     t["trace"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c1 = time.perf_counter(), time.process_time()
     compiled = lowered.compile()
     t["compile"] = time.perf_counter() - t0
+    t["compile_cpu"] = time.process_time() - c1
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     t["run"] = time.perf_counter() - t0
     t["total"] = sum(t[s] for s in STEPS)
+    t["total_cpu"] = time.process_time() - c0
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     t["second_run"] = time.perf_counter() - t0
@@ -124,9 +127,11 @@ def child(name: str, kind: str, cache: str | None) -> dict:
     return t
 
 
-def _spawn(name: str, kind: str, cache: str | None = None) -> dict:
+def _spawn(name: str, kind: str, cache: str | None = None, root: Path = HERE.parent) -> dict:
+    """Run one child; `root` is the checkout whose jaxtorch it imports (this one by default)."""
     cmd = [sys.executable, __file__, "--child", name, kind] + (["--cache", cache] if cache else [])
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ, PYTHONPATH=str(root))
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -138,51 +143,67 @@ def _fmt(xs: list[float], scale: float = 1.0, unit: str = "") -> str:
     return f"{med:.2f}{unit} ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else f"{med:.2f}{unit}"
 
 
+def _show(label: str, r: dict) -> str:
+    return label + ": " + " ".join(f"{k} {v * 1e3:.0f} ms" for k, v in r.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "KIND"), help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of alternating processes (median, range)")
     ap.add_argument("--only", default="gpt2,resnet18", help="comma-separated subset of: gpt2, resnet18")
+    ap.add_argument("--kinds", default="forward,gradient", help="comma-separated subset of: forward, gradient")
     ap.add_argument("--no-cache", action="store_true", help="skip the persistent compilation cache rows")
+    ap.add_argument("--before", type=Path, help="another checkout (e.g. `git worktree add /tmp/before HEAD~1`): "
+                    "its children alternate with this checkout's, and a before/after table is printed")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child, args.cache)))
         return
+    roots = {"after": HERE.parent, "before": args.before} if args.before else {"": HERE.parent}
     models = [m for m in args.only.split(",") if m]
-    jobs = [(m, k) for k in ("forward", "gradient") for m in models]
-    runs: dict = {job: [] for job in jobs}
+    jobs = [(m, k) for k in args.kinds.split(",") for m in models]
+    runs: dict = {(label, *job): [] for job in jobs for label in roots}
     cached: dict = {m: [] for m in models}
     for r in range(args.repeat):
         for job in jobs:
-            runs[job].append(_spawn(*job))
-            print(f"round {r + 1} {job[0]} {job[1]}: " + " ".join(f"{k} {v * 1e3:.0f} ms"
-                                                               for k, v in runs[job][-1].items()), flush=True)
-        if args.no_cache:
+            for label, root in sorted(roots.items(), key=lambda kv: (kv[0] == "after") == (r % 2 == 0)):
+                runs[(label, *job)].append(_spawn(*job, root=root))
+                print(_show(f"round {r + 1} {label} {job[0]} {job[1]}", runs[(label, *job)][-1]), flush=True)
+        if args.no_cache or "forward" not in args.kinds:
             continue
         for m in models:
             with tempfile.TemporaryDirectory() as d:
                 _spawn(m, "forward", d)  # fills the cache
                 cached[m].append(_spawn(m, "forward", d))
-            print(f"round {r + 1} {m} forward, warm cache: " + " ".join(f"{k} {v * 1e3:.0f} ms"
-                                                                      for k, v in cached[m][-1].items()), flush=True)
+            print(_show(f"round {r + 1} {m} forward, warm cache", cached[m][-1]), flush=True)
 
     print("\n| time to first result (fresh process, median (range) of %d) | / eager forward | target | "
-          "extract / trace / compile / first run, s | eager torch forward |\n|---|---|---|---|---|" % args.repeat)
-    for m, k in jobs:
-        rs = runs[(m, k)]
+          "extract / trace / compile / first run, s | compile, CPU s | eager torch forward |\n"
+          "|---|---|---|---|---|---|" % args.repeat)
+    for (label, m, k), rs in runs.items():
         ratio = _fmt([r["total"] / r["eager"] for r in rs], unit="x")
         split = " / ".join(_fmt([r[s] for r in rs]) for s in STEPS)
         target = "<= 5x" if k == "forward" else "half of before"
-        print(f"| {m} first jitted {k} | {ratio} | {target} | {split} | {_fmt([r['eager'] for r in rs], 1e3)} ms |")
+        print(f"| {m} first jitted {k} {label} | {ratio} | {target} | {split} | {_fmt([r['compile_cpu'] for r in rs])} "
+              f"| {_fmt([r['eager'] for r in rs], 1e3)} ms |")
     for m in cached:
         if not cached[m]:
             continue
-        cold = runs[(m, "forward")]
+        cold = runs[(next(iter(roots)), m, "forward")]
         ratio = _fmt([c["total"] / r["total"] for c, r in zip(cached[m], cold)], unit="x")
         split = " / ".join(_fmt([c[s] for c in cached[m]]) for s in STEPS)
         print(f"| {m} first jitted forward, second process, persistent cache / cold | {ratio} | < 0.3x | {split} | "
-              f"cold total {_fmt([r['total'] for r in cold])} s |")
+              f"{_fmt([c['compile_cpu'] for c in cached[m]])} | cold total {_fmt([r['total'] for r in cold])} s |")
+    if args.before:
+        print("\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run |\n"
+              "|---|---|---|---|---|---|")
+        for m, k in jobs:
+            a, b = runs[("after", m, k)], runs[("before", m, k)]
+            cells = [_fmt([x[s] / y[s] for x, y in zip(a, b)], unit="x")
+                     for s in ("total", "trace", "compile", "compile_cpu", "run")]
+            print(f"| {m} first jitted {k} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
