@@ -7,7 +7,8 @@ the same run, interleaved where it is a timing, so a busy machine slows both sid
 
 The GPT-2 rows also print a floor: the program's FLOPs (XLA's cost analysis) at this machine's
 best matrix-product rate (measured in the same run), over PyTorch's time: no lowering can
-beat it. `--tuned-malloc` reruns the process with glibc keeping freed memory (no mmap/munmap
+beat it. On a CPU their targets are within 1.2x (forward) / 1.35x (train step) of that floor
+(issue 16 re-based issue 6's 0.7x / 0.8x of eager torch, which stand on a GPU). `--tuned-malloc` reruns the process with glibc keeping freed memory (no mmap/munmap
 per large buffer), which removes the first-touch page faults that every fresh large buffer
 costs on both sides; see README.md.
 """
@@ -116,17 +117,29 @@ def _first_touch_seconds_per_byte() -> float:
     return max(t_fresh - t_kept, 0.0) / (4 * n)
 
 
-def _floor(lowered, t_torch: float) -> str:
+def _floor(lowered, t_torch: float) -> tuple[float, str]:
     """A lower bound for the compiled program: its FLOPs at the machine's best product rate, plus
     the first touch of the buffers XLA allocates per call (outputs and temporaries), as a ratio
-    to torch's time."""
+    to torch's time; returns (that ratio, a description)."""
     compiled = lowered.compile()
     flops = compiled.cost_analysis()["flops"]
     mem = compiled.memory_analysis()
     fresh = mem.output_size_in_bytes + mem.temp_size_in_bytes
     t_dots, t_touch = flops / _peak_rate(), fresh * _first_touch_seconds_per_byte()
-    return (f"floor: {flops / 1e9:.1f} GFLOP at {_peak_rate() / 1e9:.0f} GFLOP/s = {t_dots * 1e3:.0f} ms, plus "
-            f"{t_touch * 1e3:.0f} ms first touch of {fresh / 2**20:.0f} MiB = {(t_dots + t_touch) / t_torch:.2f}x")
+    floor = (t_dots + t_touch) / t_torch
+    return floor, (f"floor: {flops / 1e9:.1f} GFLOP at {_peak_rate() / 1e9:.0f} GFLOP/s = {t_dots * 1e3:.0f} ms, plus "
+                   f"{t_touch * 1e3:.0f} ms first touch of {fresh / 2**20:.0f} MiB = {floor:.2f}x")
+
+
+# Issue 6's GPT-2 targets (0.7x forward, 0.8x train step of eager torch) stand on a GPU; on a CPU
+# they are judged against the floor this benchmark prints (issue 16): within these factors of it.
+FLOOR_FACTOR = {"forward": 1.2, "train": 1.35}
+
+
+def _gpt2_target(kind: str, ratio: float, floor: float) -> tuple[str, str]:
+    """(target text, detail) for a GPT-2 row: on the CPU, its ratio over the printed floor."""
+    return (f"<= {FLOOR_FACTOR[kind]}x the floor (CPU; GPU: <= {0.7 if kind == 'forward' else 0.8}x)",
+            f"{ratio / floor:.2f}x the floor")
 
 
 def _hlo_counts(compiled_text: str) -> dict[str, int]:
@@ -163,8 +176,10 @@ def bench_gpt2_forward() -> None:
             model(ids)
 
     t_jt, t_torch = interleaved(lambda: f(params, jids).block_until_ready(), torch_fwd, 20)
-    report("4a. jitted GPT-2 forward 4x256, 8x128 / eager torch" + _MALLOC, t_jt / t_torch, "<= 0.7x",
-           f"{t_jt * 1e3:.1f} ms vs {t_torch * 1e3:.1f} ms; " + _floor(f.lower(params, jids), t_torch))
+    floor, floor_text = _floor(f.lower(params, jids), t_torch)
+    target, of_floor = _gpt2_target("forward", t_jt / t_torch, floor)
+    report("4a. jitted GPT-2 forward 4x256, 8x128 / eager torch" + _MALLOC, t_jt / t_torch, target,
+           f"{t_jt * 1e3:.1f} ms vs {t_torch * 1e3:.1f} ms; {of_floor}; " + floor_text)
 
 
 def bench_gpt2_train() -> None:
@@ -192,9 +207,10 @@ def bench_gpt2_train() -> None:
         opt.step()
 
     t_jt, t_torch = interleaved(jt, tt, 8, warmup=2)
+    floor, floor_text = _floor(step.lower(box["s"], batch, None, key), t_torch)
+    target, of_floor = _gpt2_target("train", t_jt / t_torch, floor)
     report("4b. jitted GPT-2 train step (value_and_grad + adam) / eager torch backward + Adam" + _MALLOC,
-           t_jt / t_torch, "<= 0.8x",
-           f"{t_jt * 1e3:.0f} ms vs {t_torch * 1e3:.0f} ms; " + _floor(step.lower(box["s"], batch, None, key), t_torch))
+           t_jt / t_torch, target, f"{t_jt * 1e3:.0f} ms vs {t_torch * 1e3:.0f} ms; {of_floor}; " + floor_text)
 
 
 def bench_memory() -> None:

@@ -8,9 +8,12 @@ softmax, which XLA fuses. When torch autograd must record the op (a tensor on th
 device that requires grad), an `AutogradPrivateUse1` kernel routes it to torch's
 differentiable math path instead, so `loss.backward()` keeps working.
 
-Two choices for speed: causal self-attention of 128+ tokens runs by query blocks that skip
-the products above the diagonal (`_causal_blocks`), and the lowering goes through one
-`jax.jit` per option set, so the layers of a model trace it once (`_sdpa_once`).
+The lowering goes through one `jax.jit` per option set, so the layers of a model trace it
+once (`_sdpa_once`). Causal attention is one product each way with a mask: splitting it into
+query blocks that skip the products above the diagonal saved ~3% of a CPU train step but gave
+every block its own shapes, so XLA compiled 4x the attention kernels and created 2x the
+YNNPACK runtimes on the first call (compile time 2.2x, benchmarks/README.md "Time to first
+result").
 
 Example:
     ```python
@@ -51,6 +54,15 @@ def _masked_softmax(scores: jax.Array) -> jax.Array:
     return lax.div(e, broadcast_to(denom, e.shape))
 
 
+def _softmax(scores: jax.Array) -> jax.Array:
+    """Plain softmax over the last axis, for scores whose every row keeps at least one entry
+    (causal masks do: key 0 is never masked), so no guard against all -inf rows is needed."""
+    last = scores.ndim - 1
+    m = lax.expand_dims(lax.stop_gradient(lax.reduce_max(scores, (last,))), (last,))
+    e = lax.exp(lax.sub(scores, broadcast_to(m, scores.shape)))
+    return lax.div(e, broadcast_to(lax.expand_dims(lax.reduce_sum(e, (last,)), (last,)), e.shape))
+
+
 def _mask_out(scores: jax.Array, keep) -> jax.Array:
     """`scores` with -inf where `keep` (broadcastable bool) is False."""
     keep = broadcast_to(jnp.asarray(keep), scores.shape)
@@ -78,9 +90,6 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     nb = q.ndim - 2
     plain = q.shape[:-2] == k.shape[:-2] == v.shape[:-2]  # the common case: one dot_general each way
     batch = (tuple(range(nb)),) * 2
-    if plain and is_causal and attn_mask is None and dropout_p == 0 and L == S and L % _CAUSAL_BLOCKS == 0 \
-            and L >= _CAUSAL_MIN_LENGTH:
-        return _causal_blocks(qs, k, v, acc).astype(q.dtype)
     if plain:
         scores = lax.dot_general(qs, k, (((nb + 1,), (nb + 1,)), batch), preferred_element_type=acc)
     else:
@@ -96,7 +105,8 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
             scores = _mask_out(scores, attn_mask)
         else:
             scores = binary(lax.add, operator.add, scores, attn_mask.astype(acc))
-    p = _masked_softmax(scores)
+    # a causal mask alone keeps key 0 in every row: no all-masked rows to guard against
+    p = _softmax(scores) if is_causal and attn_mask is None and S > 0 else _masked_softmax(scores)
     if dropout_p > 0:
         keep = jax.random.bernoulli(rng, 1.0 - dropout_p, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_p), 0)
@@ -107,29 +117,6 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     if groups > 1:
         out = out.reshape(out.shape[:-4] + (out.shape[-4] * groups,) + out.shape[-2:])
     return out.astype(q.dtype)
-
-
-_CAUSAL_BLOCKS = 4  # query blocks of causal self-attention
-_CAUSAL_MIN_LENGTH = 128  # shorter sequences: one product each way costs about as little
-
-
-def _causal_blocks(qs: jax.Array, k: jax.Array, v: jax.Array, acc) -> jax.Array:
-    """Causal self-attention by query blocks: block i attends only to keys up to its end, which
-    skips the products above the diagonal (5/8 of the work for 4 blocks), as flash attention
-    kernels do. Same values as the full masked form: the skipped scores have zero weight."""
-    nb, L = qs.ndim - 2, qs.shape[-2]
-    size = L // _CAUSAL_BLOCKS
-    batch = (tuple(range(nb)),) * 2
-    outs = []
-    for i in range(_CAUSAL_BLOCKS):
-        end = (i + 1) * size
-        qi = lax.slice_in_dim(qs, i * size, end, axis=nb)
-        ki, vi = lax.slice_in_dim(k, 0, end, axis=nb), lax.slice_in_dim(v, 0, end, axis=nb)
-        scores = lax.dot_general(qi, ki, (((nb + 1,), (nb + 1,)), batch), preferred_element_type=acc)
-        keep = np.arange(i * size, end)[:, None] >= np.arange(end)[None, :]
-        p = _masked_softmax(_mask_out(scores, keep))
-        outs.append(lax.dot_general(p.astype(vi.dtype), vi, (((nb + 1,), (nb,)), batch), preferred_element_type=acc))
-    return lax.concatenate(outs, nb)
 
 
 # Each transformer layer calls attention with the same shapes: as one jitted function, JAX traces
