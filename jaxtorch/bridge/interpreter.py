@@ -204,7 +204,7 @@ def _lazy_lowering_caller(func, lowering) -> Callable:
         if data_dependent:
             jargs, jkwargs = lazy.force_tree((jargs, jkwargs), f"{name} (output shape depends on values)")
             return lowering(*jargs, **jkwargs), jargs, jkwargs
-        return lazy.call_lowering(func, lowering, jargs, jkwargs), jargs, jkwargs
+        return lazy.call_lowering(func, lowering, jargs, jkwargs, name), jargs, jkwargs
 
     return call
 

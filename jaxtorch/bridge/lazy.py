@@ -261,12 +261,57 @@ def _lowering_fn(lowering: Callable, skel_a, skel_k) -> Callable:
     return fn
 
 
-def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict):
+def _positional_fn(lowering: Callable, sig: list) -> Callable:
+    def fn(*arrays):
+        it = iter(arrays)
+        with matmul_precision():
+            return lowering(*[next(it) if s is None else s[1] for s in sig])
+
+    return fn
+
+
+def _flat(func, lowering: Callable, jargs: list):
+    """The common call (arrays, floats, ints, bools, None; no kwargs) keyed without recursion:
+    (kind, dynamic inputs), or None for anything else."""
+    arrays = False
+    for a in jargs:
+        t = type(a)
+        if t is LazyArray or t is _ArrayImpl:
+            arrays = True
+            break
+    floats = arrays and func not in _STATIC_FLOATS
+    sig: list = []
+    dyn: list = []
+    for a in jargs:
+        t = type(a)
+        if t is LazyArray or t is _ArrayImpl or (floats and t is float):
+            dyn.append(a)
+            sig.append(None)
+        elif t is int or t is bool or t is float or a is None:
+            sig.append((t, a))
+        else:
+            return None
+    key = ("flat", func, tuple(sig))
+    entry = _KINDS.get(key)
+    if entry is None:
+        entry = _kind(key, lambda: _positional_fn(lowering, sig))
+    return entry, dyn
+
+
+def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: str | None = None):
     """Record `lowering(*jargs, **jkwargs)` (arrays or `LazyArray`s); LazyArray outputs.
 
     An unhashable static argument, or a lowering that needs concrete values, runs eagerly
     on executed inputs instead (counted in `metrics().fallbacks`).
     """
+    if name is None:
+        name = func.name()
+    if not jkwargs:
+        flat = _flat(func, lowering, jargs)
+        if flat is not None:
+            out = _record(flat[0], flat[1], name)
+            if out is not _EAGER:
+                return out  # (otherwise the general path below decides)
     floats = func not in _STATIC_FLOATS and any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
     while True:
         dyn: list = []
@@ -276,7 +321,7 @@ def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict):
             entry = _kind((func, key_a, key_k), lambda: _lowering_fn(lowering, skel_a, skel_k))
         except TypeError:
             return _fallback(func, lowering, jargs, jkwargs, "unhashable static argument")
-        out = _record(entry, dyn, func.name())
+        out = _record(entry, dyn, name)
         if out is not _EAGER:
             return out
         if not floats or not any(type(x) is float for x in dyn):

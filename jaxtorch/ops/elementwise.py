@@ -90,7 +90,7 @@ def _mul(a, b):
 # ---------------------------------------------------------------------------------------
 def _is_one(v) -> bool:
     """Whether `v` is a Python 1 (a traced scalar, e.g. a float in lazy mode, never is)."""
-    return type(v) in (int, float) and v == 1
+    return type(v) in (int, float, bool) and v == 1
 
 
 @register(aten.add.Tensor, aten.add.Scalar)
