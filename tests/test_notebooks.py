@@ -35,7 +35,8 @@ EXPECTED = {
                    "matches a loop: True", "JaxModule(eqx: MLP)"],
     "06_llm": ["logits float32[2@data,16,256] | same as one device: True", "each device holds (16, 64)",
                "same tokens as torch's loop: True | as torch's generate: True",
-               "programs compiled: 2 (prefill and decode)", "<image/png>", "8 arrays changed, all LoRA: True"],
+               "programs compiled: 2 (prefill and decode)", "greedy_decoder, same tokens as torch's loop: True",
+               "<image/png>", "8 arrays changed, all LoRA: True"],
 }
 
 
