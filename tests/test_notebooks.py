@@ -29,6 +29,8 @@ EXPECTED = {
                     "each device holds (16, 32)", "same placement as the weight: True", "norms match NumPy: True"],
     "05_interop": ["grad_fn: _JaxVjpBackward", "mean of per-example grads == batch grad: True",
                    "matches a loop: True", "JaxModule(eqx: MLP)"],
+    "07_lazy": ["compiled programs: 3", "compiled programs: 0  (compile time 0.00s)\ncache hits: 20",
+                "unplanned executions (what forced them):", "Tensor.item() / bool() / int() / float() at"],
 }
 
 
