@@ -37,6 +37,8 @@ EXPECTED = {
                "same tokens as torch's loop: True | as torch's generate: True",
                "programs compiled: 2 (prefill and decode)", "greedy_decoder, same tokens as torch's loop: True",
                "<image/png>", "8 arrays changed, all LoRA: True"],
+    "07_lazy": ["compiled programs: 3", "compiled programs: 0  (compile time 0.00s)\ncache hits: 20",
+                "unplanned executions (what forced them):", "Tensor.item() / bool() / int() / float() at"],
 }
 
 
