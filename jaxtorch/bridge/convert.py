@@ -110,7 +110,7 @@ def _frozen_host(t: torch.Tensor) -> np.ndarray | None:
     Storages torch does not own (`from_numpy`, mmap, DLPack) cannot be made copy-on-write.
     """
     lazy_clone = getattr(torch, "_lazy_clone", None)
-    if lazy_clone is None:
+    if lazy_clone is None or not hasattr(t, "const_data_ptr"):  # older torch: the caller copies
         return None
     ptr = t.const_data_ptr()  # the read-only accessor: does not trigger a copy-on-write copy
     try:

@@ -302,7 +302,8 @@ def _register_hf_caches(seen: type) -> None:
     """Register `seen` and every cache / cache-layer class transformers has defined so far."""
     import transformers.cache_utils as cu
 
-    stack = [cu.Cache, cu.CacheLayerMixin, cu.LinearAttentionCacheLayerMixin, cu.DummyLayer, seen]
+    roots = ("Cache", "CacheLayerMixin", "LinearAttentionCacheLayerMixin", "DummyLayer")  # those this version has
+    stack = [c for c in (getattr(cu, name, None) for name in roots) if c is not None] + [seen]
     while stack:
         cls = stack.pop()
         if cls not in _registered:
