@@ -223,15 +223,10 @@ def test_float64_following_the_x64_advice_keeps_double_precision():
         jax.config.update("jax_enable_x64", False)
 
 
-def test_float64_dtype_inside_torch_code_warns_with_the_same_advice():
-    from jaxtorch.bridge import dtypes
-
-    dtypes._to_jax_dtype.cache_clear()  # the warning is once per process
-    try:
-        with pytest.warns(UserWarning, match=r"jax_enable_x64.*Computing in the 32-bit type meanwhile"):
-            out = jaxtorch.call_torch(lambda t: t.double() * 2, jnp.ones(3))
-    finally:
-        dtypes._to_jax_dtype.cache_clear()  # leave it unwarned for whoever comes next
+def test_float64_asked_for_inside_torch_code_raises_the_same_advice():
+    with pytest.raises(jaxtorch.Float64Error, match=r"jax_enable_x64.*`tensor\.float\(\)`"):
+        jaxtorch.call_torch(lambda t: t.double() * 2, jnp.ones(3))  # never narrowed silently
+    out = jaxtorch.call_torch(lambda t: t.float() * 2, jnp.ones(3))  # the advice
     assert out.dtype == jnp.float32 and out.tolist() == [2.0, 2.0, 2.0]
 
 

@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from .pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
-from .dtypes import to_jax_dtype, to_torch_dtype, x64_enabled
-from .errors import Float64Error
+from .dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
 from .tensor import JaxTensor
 
 
@@ -151,9 +150,8 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    if t.dtype in (torch.float64, torch.complex128) and t.numel() > 1 and not x64_enabled():
-        raise Float64Error(t.dtype)  # user data: never narrowed silently
-    target = np.dtype(to_jax_dtype(t.dtype))
+    # float64 without x64 raises, except a 0-dim scalar (see `dtypes`)
+    target = np.dtype(to_jax_dtype(t.dtype) if t.numel() and t.dim() else scalar_jax_dtype(t.dtype))
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():

@@ -2,11 +2,17 @@
 
 With JAX's 64-bit mode off (its default), JAX stores 64-bit integers as 32-bit ones:
 `torch.int64` tensors are held as `int32` arrays and reported to torch as `torch.int64`,
-so torch code that expects `long` indices keeps working. float64 *data* (a CPU float64
-tensor with more than one element entering JAX) is refused with an error that says how
-to turn 64-bit mode on; a float64 *dtype* inside torch code (torch's own internals build
-float64 scalars, e.g. `pinv`'s tolerances) computes in float32, as JAX itself does, with a
-one-time warning.
+so torch code that expects `long` indices keeps working. float64 and complex128 follow
+one rule: with 64-bit mode on they are what they say; with it off, jaxtorch never narrows
+them silently: float64 data entering JAX (`.to("jax")`, `copy_`, `extract` of a `.double()`
+model) and float64 asked for on the jax device (`dtype=torch.float64` in a factory or a
+reduction, `.to(torch.float64)`, `.double()`, `torch.set_default_dtype(torch.float64)`)
+raise `Float64Error`, which says how to turn 64-bit mode on or to use float32. The one
+exception is a 0-dim scalar or a zero-element placeholder (how torch's internals pass
+tolerances such as `matrix_rank`'s, wrap Python numbers, or stand in for `batch_norm`'s
+unused statistics): no float64 data, and torch's type promotion never lets a 0-dim value
+decide a tensor result's dtype; these are held as float32. NumPy arrays given to the
+JAX-first functions are JAX's inputs and follow JAX's own conversion, as under `jax.jit`.
 
 Example:
     ```python
@@ -18,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -67,14 +72,23 @@ def _to_jax_dtype(dtype: torch.dtype, x64: bool) -> np.dtype:
         raise TypeError(f"jaxtorch: torch dtype {dtype} has no JAX equivalent.") from None
     if not x64:
         if np_dtype in _WIDE_FLOAT:
-            warnings.warn(str(Float64Error(dtype)) + " Computing in the 32-bit type meanwhile.", stacklevel=3)
+            raise Float64Error(dtype)
         np_dtype = _NARROW.get(np_dtype, np_dtype)
     return np_dtype
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
-    """The NumPy/JAX dtype that stores a torch tensor of `dtype` (32-bit without x64)."""
+    """The NumPy/JAX dtype that stores a torch tensor of `dtype` (int64 as int32 without x64;
+    float64/complex128 without x64 raise `Float64Error`)."""
     return _to_jax_dtype(dtype, x64_enabled())
+
+
+def scalar_jax_dtype(dtype: torch.dtype) -> np.dtype:
+    """`to_jax_dtype` for a 0-dim scalar or zero-element placeholder: float64 narrows to float32
+    without x64 (see above)."""
+    if not x64_enabled() and dtype in (torch.float64, torch.complex128):
+        return _NARROW[_TORCH_TO_NP[dtype]]
+    return to_jax_dtype(dtype)
 
 
 @functools.lru_cache(maxsize=None)

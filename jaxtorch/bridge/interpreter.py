@@ -36,7 +36,7 @@ from . import eager, lazy, tracing
 from . import tensor as _tensor
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
-from .dtypes import to_jax_dtype
+from .dtypes import scalar_jax_dtype, to_jax_dtype
 from .errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
 from .random import next_key
 from .tensor import JaxTensor, make_view, rebind, write
@@ -84,8 +84,23 @@ def _to_jax_arg(x, func, raw: bool = False):
 
 def _unwrap_args(args, kwargs, func):
     jargs = [a.elem if type(a) is JaxTensor else _to_jax_arg(a, func) for a in args]
-    jkwargs = {k: _to_jax_arg(v, func) for k, v in kwargs.items()} if kwargs else {}
-    return jargs, jkwargs
+    if not kwargs:
+        return jargs, {}
+    if func in _SCALAR_FACTORIES and kwargs.get("dtype") in _WIDE and _scalar_or_empty(args[0] if args else ()):
+        kwargs = {**kwargs, "dtype": scalar_jax_dtype(kwargs["dtype"])}  # see dtypes
+    return jargs, {k: _to_jax_arg(v, func) for k, v in kwargs.items()}
+
+
+_WIDE = (torch.float64, torch.complex128)
+
+
+def _scalar_or_empty(size) -> bool:
+    """A 0-dim scalar or a zero-element placeholder: torch's internals make these in float64
+    (`matrix_rank`'s tolerances, `batch_norm`'s unused statistics); they carry no float64 data."""
+    size = tuple(size) if isinstance(size, (list, tuple)) else (size,)
+    return not size or 0 in size
+_SCALAR_FACTORIES = frozenset({aten.zeros.default, aten.ones.default, aten.full.default, aten.empty.memory_format,
+                               aten.scalar_tensor.default})
 
 
 def _unwrap_args_lazy(args, kwargs, func):
@@ -630,7 +645,8 @@ class JaxFunctionMode(TorchFunctionMode):
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     import jax.numpy as jnp
 
-    return JaxTensor(jnp.zeros(tuple(size), to_jax_dtype(dtype or torch.get_default_dtype())))
+    dtype = dtype or torch.get_default_dtype()
+    return JaxTensor(jnp.zeros(tuple(size), scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):

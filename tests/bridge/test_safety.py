@@ -306,3 +306,53 @@ def test_torch_first_jit_takes_what_eager_torch_takes():
     for run in (f, fast):  # NumPy: neither, with torch's own "must be Tensor"
         with pytest.raises(TypeError, match="must be Tensor"):
             run(t.numpy())
+
+
+# ---- item 6: float64, one rule ----------------------------------------------------------------
+_ASKS_FOR_FLOAT64 = {
+    "factory": lambda x: torch.randn(3, dtype=torch.float64, device="jax"),
+    "to": lambda x: x.to(torch.float64),
+    "double": lambda x: x.double(),
+    "reduction dtype": lambda x: x.sum(dtype=torch.float64),
+    "cpu data": lambda x: torch.ones(3, dtype=torch.float64).to("jax"),
+    "default dtype": lambda x: _with_default_double(lambda: torch.zeros(2, device="jax")),
+}
+
+
+def _with_default_double(make):
+    torch.set_default_dtype(torch.float64)
+    try:
+        return make()
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("how", sorted(_ASKS_FOR_FLOAT64))
+def test_float64_without_x64_raises_everywhere(how, pytorch_first):
+    f = _ASKS_FOR_FLOAT64[how]
+    x = torch.ones(3, device="jax")
+    with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
+        f(x)  # PyTorch-first, eagerly
+    with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
+        jaxtorch.jit(f)(x)
+    with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
+        jax.jit(lambda a: jaxtorch.call_torch(f, a))(jnp.ones(3))
+
+
+def test_float64_with_x64_is_float64_everywhere(pytorch_first):
+    jax.config.update("jax_enable_x64", True)
+    try:
+        x = torch.ones(3, device="jax")
+        for how, f in _ASKS_FOR_FLOAT64.items():
+            assert f(x).dtype == torch.float64, how
+            assert jaxtorch.jit(f)(x).dtype == torch.float64, how
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_torch_internal_float64_scalars_still_work():
+    """torch's C++ makes 0-dim float64 tolerances (`matrix_rank`): scalars enter as float32."""
+    a = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    assert int(jaxtorch.call_torch(torch.linalg.matrix_rank, a)) == int(torch.linalg.matrix_rank(torch.from_numpy(a)))
+    out = jaxtorch.call_torch(lambda t: t * torch.tensor(0.5, dtype=torch.float64), jnp.ones(2))
+    assert out.dtype == jnp.float32 and out.tolist() == [0.5, 0.5]  # torch's promotion: float32 too
