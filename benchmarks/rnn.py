@@ -8,6 +8,7 @@ ratio jaxtorch / torch (below 1: jaxtorch is faster). Each `--repeat` prints its
 
     python benchmarks/rnn.py
     python benchmarks/rnn.py --hidden 256 --seq 256 --batch 32 --steps 10 --repeat 3
+    python benchmarks/rnn.py --torch-threads 1     # torch single-threaded (crowded machines)
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch.set_num_threads (0: torch's default); on a crowded machine OpenMP's "
+                             "spinning threads slow torch's eager LSTM far more than XLA")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     torch.manual_seed(0)
     model = torch.nn.LSTM(args.hidden, args.hidden, num_layers=args.layers)

@@ -52,7 +52,8 @@ def register(*ops: OpKey, data_dependent: bool = False, random: bool = False,
     - `random`: the lowering takes a keyword argument `key` (a JAX PRNG key) supplied by
       the interpreter.
     - `host_inputs`: torch requires some tensor arguments on the CPU (`lengths` of
-      `pack_padded_sequence`); they are accepted next to `jax` tensors and arrive as NumPy arrays (concrete under tracing).
+      `pack_padded_sequence`); they are accepted next to `jax` tensors and arrive as NumPy
+      arrays (concrete under tracing).
 
     **Returns:** a decorator that records the function and returns it unchanged.
     """
