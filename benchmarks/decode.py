@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import os
 import statistics
 import time
@@ -66,9 +67,11 @@ def jaxtorch_step(model, ids, new: int):
 
     jm = copy.deepcopy(model).to("jax")
 
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # < 5.24
+
     @jaxtorch.jit
     def step(model, tok, cache):
-        return model(tok, cache=cache, logits_to_keep=1).logits[:, -1:].argmax(-1)
+        return model(tok, logits_to_keep=1, **{key: cache}).logits[:, -1:].argmax(-1)
 
     def run():
         cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + new)

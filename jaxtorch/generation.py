@@ -24,6 +24,7 @@ updates the cache in place (see `jaxtorch.compile`).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable
 
 import jax
@@ -83,19 +84,21 @@ def greedy_decoder(model: torch.nn.Module, *, max_cache_len: int) -> Callable:
         ```
     """
     params, fn = extract(model)
+    # transformers 5.24 names the cache `cache`; earlier 5.x releases `past_key_values`
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @functools.partial(jax.jit, static_argnames="steps")
     def run(params, ids, cache, steps: int):
         decode.compilations += 1  # runs once per trace
-        out = fn(params, ids, cache=cache, logits_to_keep=1)
+        out = fn(params, ids, logits_to_keep=1, **{key: cache})
         tok = jnp.argmax(out.logits[:, -1], axis=-1).astype(ids.dtype)
 
         def body(carry, _):
             tok, cache = carry
-            out = fn(params, tok[:, None], cache=cache, logits_to_keep=1)
-            return (jnp.argmax(out.logits[:, -1], axis=-1).astype(ids.dtype), out.cache), tok
+            out = fn(params, tok[:, None], logits_to_keep=1, **{key: cache})
+            return (jnp.argmax(out.logits[:, -1], axis=-1).astype(ids.dtype), out[key]), tok
 
-        _, toks = jax.lax.scan(body, (tok, out.cache), None, length=steps)
+        _, toks = jax.lax.scan(body, (tok, out[key]), None, length=steps)
         return toks.T
 
     def decode(input_ids, max_new_tokens: int) -> jax.Array:
