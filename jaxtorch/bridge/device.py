@@ -215,6 +215,27 @@ def _keeping_parameters(module: torch.nn.Module):
                 p._backward_hooks = backward
             if post is not None:
                 p._post_accumulate_grad_hooks = post
+    for p in module.parameters():
+        _own_root(p)
+
+
+def _own_root(p: torch.Tensor) -> None:
+    """Make a moved Parameter the root of its data.
+
+    `Parameter(t)` detaches `t`, which on the jax device is an identity view of the moved tensor;
+    nothing but the Parameter holds that tensor, so the Parameter takes its array and the chain is
+    dropped (otherwise every array the Parameter holds has a second holder, which keeps lazy mode
+    from donating it on the first step).
+    """
+    from .tensor import JaxTensor, _identity
+
+    if not isinstance(p, JaxTensor) or p._jt_base is None or p._jt_view_fn is not _identity:
+        return
+    root = p._jt_base
+    # holders: `p`'s attribute, `root`, getrefcount's argument
+    if sys.getrefcount(root) == 3 and root.dtype == p.dtype and tuple(root.shape) == tuple(p.shape) \
+            and isinstance(root._jt_elem, jax.Array):
+        p._jt_elem, p._jt_base, p._jt_view_fn = root._jt_elem, None, None
 
 
 def _patch_module_moves() -> None:

@@ -297,10 +297,7 @@ def write(t: JaxTensor, value) -> None:
         t._jt_version += 1
         return
     if root.dtype != t.dtype:
-        raise RuntimeError(
-            f"jaxtorch: this view reinterprets {root.dtype} data as {t.dtype}, so it cannot be written "
-            "through; write to a `.clone()` instead."
-        )
+        raise _reinterpreting_view(root, t)
     fn = t._jt_view_fn
     if fn is _identity:
         new_root = value if value.shape == root._jt_elem.shape else None
@@ -312,6 +309,13 @@ def write(t: JaxTensor, value) -> None:
     root._jt_version += 1
     t._jt_elem = value
     t._jt_version = root._jt_version
+
+
+def _reinterpreting_view(root: JaxTensor, t: JaxTensor) -> RuntimeError:
+    return RuntimeError(
+        f"jaxtorch: this view reinterprets {root.dtype} data as {t.dtype}, so it cannot be written "
+        "through; write to a `.clone()` instead."
+    )
 
 
 def _fit(value, dtype, shape: tuple):
@@ -337,10 +341,7 @@ def _write_lazy(t: JaxTensor, value) -> None:
             _lazy.track(t)
         return
     if root.dtype != t.dtype:
-        raise RuntimeError(
-            f"jaxtorch: this view reinterprets {root.dtype} data as {t.dtype}, so it cannot be written "
-            "through; write to a `.clone()` instead."
-        )
+        raise _reinterpreting_view(root, t)
     fn = t._jt_view_fn
     old = root._jt_elem
     if fn is _identity and value.shape == old.shape:
