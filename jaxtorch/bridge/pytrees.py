@@ -380,6 +380,10 @@ def ensure_registered(tree: Any) -> None:
     flatten(tree)
 
 
+# `torch.Size` (a shape returned by torch code, e.g. `torch.broadcast_shapes`): its ints are the
+# children, as torch's own pytree has it
+register(torch.Size, lambda s: (tuple(s), None), lambda _, c: torch.Size(c), torch_too=False)
+
 for _name in dir(torch.return_types):
     _cls = getattr(torch.return_types, _name)
     if isinstance(_cls, type) and issubclass(_cls, tuple) and _cls.__module__ == "torch.return_types":
