@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import explicit, pytrees, scopes
+from . import explicit, scopes
 from .convert import jax_view, tensor_to_jax, torch_view, tree_map
 from .environment import default_env
 from .precision import matmul_precision
@@ -92,9 +92,7 @@ def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
     with default_env(jax_by_default=True), key_scope(rng), matmul_precision(), \
             explicit.auto_axes((fn, targs, tkwargs), data) as region:
         out = fn(*targs, **tkwargs)
-    out = region.finish(jax_view(_jaxify_leftovers(out)))
-    pytrees.ensure_registered(out)
-    return out
+    return region.finish(jax_view(_jaxify_leftovers(out)))  # jax_view's walk registers new containers
 
 
 def _jaxify_leftovers(tree):

@@ -375,11 +375,6 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [fn(x) for x in leaves])
 
 
-def ensure_registered(tree: Any) -> None:
-    """Register every container type found in `tree` (so `jax.jit` can return it)."""
-    flatten(tree)
-
-
 # `torch.Size` (a shape returned by torch code, e.g. `torch.broadcast_shapes`): its ints are the
 # children, as torch's own pytree has it
 register(torch.Size, lambda s: (tuple(s), None), lambda _, c: torch.Size(c), torch_too=False)
