@@ -87,12 +87,12 @@ def _ms(ts: list[float]) -> str:
     return f"{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f} ms"
 
 
-def _report(name: str, t: dict[str, list], target_torch: str, target_ref: str) -> None:
-    jt, tt, ref = t["jaxtorch"], t["torch"], t["nhwc"]
+def _report(name: str, t: dict[str, list], target_torch: str, target_ref: str, side: str = "jaxtorch") -> None:
+    jt, tt, ref = t[side], t["torch"], t["nhwc"]
     oihw = t.get("nhwc_oihw")
     row = (name, _ratio_range(jt, tt), target_torch, _ratio_range(jt, ref), target_ref,
            _ratio_range(jt, oihw) if oihw else "-", _ratio_range(ref, tt),
-           f"jaxtorch {_ms(jt)}, torch {_ms(tt)}, NHWC JAX {_ms(ref)}"
+           f"{side} {_ms(jt)}, torch {_ms(tt)}, NHWC JAX {_ms(ref)}"
            + (f", NHWC JAX with OIHW weights {_ms(oihw)}" if oihw else ""))
     ROWS.append(row)
     print(" | ".join(row), flush=True)
@@ -103,6 +103,8 @@ def bench_forward(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
     x = torch.randn(BATCH, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
     params, fn = jaxtorch.extract(model)
     f_jt = jax.jit(fn)
+    fparams, ffn = jaxtorch.extract(model, conv_layout="flax")  # convolution weights in XLA's layout
+    f_flax = jax.jit(ffn)
     rparams, rfn = convert(model, train=False)
     f_ref = jax.jit(rfn)
     oparams, ofn = with_torch_layout(rparams, rfn)
@@ -115,18 +117,23 @@ def bench_forward(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
     np.testing.assert_allclose(np.asarray(f_ref(rparams, jx_nhwc)), want, rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(np.asarray(f_oihw(oparams, jx_nhwc)), want, rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(np.asarray(f_jt(params, jx)), want, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(f_flax(fparams, jx)), want, rtol=1e-3, atol=1e-3)
 
     def torch_fwd():
         with torch.no_grad():
             model(x)
 
-    t = timed_rounds({"jaxtorch": lambda: f_jt(params, jx).block_until_ready(), "torch": torch_fwd,
+    t = timed_rounds({"jaxtorch": lambda: f_jt(params, jx).block_until_ready(),
+                      "jaxtorch flax layout": lambda: f_flax(fparams, jx).block_until_ready(), "torch": torch_fwd,
                       "nhwc": lambda: f_ref(rparams, jx_nhwc).block_until_ready(),
                       "nhwc_oihw": lambda: f_oihw(oparams, jx_nhwc).block_until_ready()}, rounds, calls)
     _report(f"{name} forward (eval)", t, "<= 1.0x", "<= 1.1x")
+    _report(f"{name} forward (eval), `conv_layout=\"flax\"`", t, "<= 1.0x", "<= 1.1x", side="jaxtorch flax layout")
     c_jt = hlo_counts(f_jt.lower(params, jx).compile().as_text())
+    c_flax = hlo_counts(f_flax.lower(fparams, jx).compile().as_text())
     c_ref = hlo_counts(f_ref.lower(rparams, jx_nhwc).compile().as_text())
-    print(f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO NHWC     {c_ref}", flush=True)
+    print(f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO flax layout {c_flax}\n"
+          f"  optimized HLO NHWC     {c_ref}", flush=True)
     if show_hlo:
         Path(f"/tmp/{name}_fwd_jaxtorch.hlo").write_text(f_jt.lower(params, jx).compile().as_text())
         Path(f"/tmp/{name}_fwd_nhwc.hlo").write_text(f_ref.lower(rparams, jx_nhwc).compile().as_text())
@@ -149,6 +156,13 @@ def bench_train(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
 
     def jt():
         box["s"], loss = step(box["s"], jx, jy)
+        loss.block_until_ready()
+
+    finit, fstep = make_train_step(cnn(name).train(), _xent, opt, conv_layout="flax")
+    fbox = {"s": finit()}
+
+    def jt_flax():
+        fbox["s"], loss = fstep(fbox["s"], jx, jy)
         loss.block_until_ready()
 
     # the hand-written NHWC network, train-mode BatchNorm
@@ -184,13 +198,17 @@ def bench_train(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
     want = float(tt().detach())
     _, _, _, l_ref = ref_step(rparams, opt.init(rparams), jx_nhwc, jy)
     _, l_jt = step(init(), jx, jy)
-    np.testing.assert_allclose([float(l_ref), float(l_jt)], [want, want], rtol=1e-4)
+    _, l_flax = fstep(finit(), jx, jy)
+    np.testing.assert_allclose([float(l_ref), float(l_jt), float(l_flax)], [want] * 3, rtol=1e-4)
 
-    t = timed_rounds({"jaxtorch": jt, "torch": tt, "nhwc": ref}, rounds, calls)
+    t = timed_rounds({"jaxtorch": jt, "jaxtorch flax layout": jt_flax, "torch": tt, "nhwc": ref}, rounds, calls)
     _report(f"{name} train step (SGD)", t, "<= 1.0x", "-")
+    _report(f"{name} train step (SGD), `conv_layout=\"flax\"`", t, "<= 1.0x", "-", side="jaxtorch flax layout")
     c_jt = hlo_counts(step.lower(box["s"], jx, jy).compile().as_text())
+    c_flax = hlo_counts(fstep.lower(fbox["s"], jx, jy).compile().as_text())
     c_ref = hlo_counts(ref_step.lower(rbox["p"], rbox["s"], jx_nhwc, jy).compile().as_text())
-    print(f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO NHWC     {c_ref}", flush=True)
+    print(f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO flax layout {c_flax}\n"
+          f"  optimized HLO NHWC     {c_ref}", flush=True)
     if show_hlo:
         Path(f"/tmp/{name}_train_jaxtorch.hlo").write_text(step.lower(box["s"], jx, jy).compile().as_text())
         Path(f"/tmp/{name}_train_nhwc.hlo").write_text(

@@ -15,6 +15,7 @@ import torch
 from . import explicit, scopes
 from .convert import jax_view, tensor_to_jax, torch_view, tree_map
 from .environment import default_env
+from .layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
 from .precision import matmul_precision
 from .random import key_scope
 from .reparam import as_found, bound, named_state
@@ -101,7 +102,8 @@ def _jaxify_leftovers(tree):
     return tree_map(lambda x: tensor_to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree)
 
 
-def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str, jax.Array], Callable]:
+def extract(module: torch.nn.Module, *, mutable: bool = False,
+            conv_layout: ConvLayout = "torch") -> tuple[dict[str, jax.Array], Callable]:
     """Turn a `torch.nn.Module` into `(params, fn)`: a dict of JAX arrays and a pure JAX function.
 
     `params` holds every parameter and buffer by the name `named_parameters` /
@@ -121,6 +123,13 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
     With `mutable=True`, `fn` returns `(output, new_params)`: buffers the forward writes
     in place (BatchNorm running statistics, ...) come back updated, the rest unchanged.
 
+    With `conv_layout="flax"`, each convolution's weight is given once transposed to the
+    layout XLA's CPU convolutions read, `(*kernel, in, out)`, under Flax's name
+    (`conv1.kernel` for `conv1.weight`), so the jitted program does not relayout every
+    weight on every call (a ResNet-18 forward ~1.4x faster on the CPU); gradients come in
+    the same layout, and `load_into` transposes back (see `bridge/layouts.py`). These
+    arrays are copies, not views of the module's memory.
+
     **Example:**
         ```python
         params, fn = jaxtorch.extract(model)
@@ -128,23 +137,26 @@ def extract(module: torch.nn.Module, *, mutable: bool = False) -> tuple[dict[str
         grads = jax.grad(lambda p: fn(p, x).sum())(params)
         ```
     """
+    kernels = conv_kernels(module, conv_layout)
     params = {name: tensor_to_jax(t) for name, t in named_state(module).items()}
-    return params, _module_fn(module, mutable)
+    return to_kernels(params, kernels), _module_fn(module, mutable, kernels)
 
 
-def _module_fn(module: torch.nn.Module, mutable: bool) -> Callable:
-    """The pure function of `extract`: runs `module` with the given params, leaves it as found."""
+def _module_fn(module: torch.nn.Module, mutable: bool, kernels: dict | None = None) -> Callable:
+    """The pure function of `extract`: runs `module` with the given params, leaves it as found.
+    `kernels` (from `layouts.conv_kernels`) are the weights it takes in Flax's layout."""
     lock = _module_lock(module)
     scopes.name_modules(module)
+    kernels = kernels or {}
 
     def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
-        tparams = {name: JaxTensor(value) for name, value in params.items()}
+        tparams = {name: JaxTensor(value) for name, value in from_kernels(params, kernels).items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
         with lock, scopes.module_scopes(), bound(module, tparams):
             out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))
         if not mutable:
             return out
-        return out, {name: t.elem for name, t in tparams.items()}
+        return out, to_kernels({name: t.elem for name, t in tparams.items()}, kernels)
 
     return fn
 
@@ -169,9 +181,10 @@ class TorchModule(eqx.Module):
 
     params: dict[str, jax.Array]
     module: torch.nn.Module = eqx.field(static=True)
+    conv_layout: ConvLayout = eqx.field(static=True, default="torch")
 
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
-        return _fn_cache(self.module)(self.params, *args, rng=rng, **kwargs)
+        return _fn_cache(self.module, self.conv_layout)(self.params, *args, rng=rng, **kwargs)
 
     def __repr__(self) -> str:
         n = sum(int(v.size) for v in jax.tree_util.tree_leaves(self.params))
@@ -179,21 +192,25 @@ class TorchModule(eqx.Module):
         return f"TorchModule({type(self.module).__name__}, {len(self.params)} arrays, {n:,} values,\n{tree}\n)"
 
 
-_fns: "dict[int, Callable]" = {}
+# one pure function per (module, layout), dropped with the module
+_fns: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Callable]]" = weakref.WeakKeyDictionary()
 
 
-def _fn_cache(module):
-    fn = _fns.get(id(module))
+def _fn_cache(module: torch.nn.Module, conv_layout: ConvLayout) -> Callable:
+    with _locks_guard:
+        per_layout = _fns.setdefault(module, {})
+    fn = per_layout.get(conv_layout)
     if fn is None:
-        fn = _fns[id(module)] = _module_fn(module, mutable=False)
+        fn = per_layout[conv_layout] = _module_fn(module, False, conv_kernels(module, conv_layout))
     return fn
 
 
-def torch_module_to_jax(module: torch.nn.Module) -> TorchModule:
+def torch_module_to_jax(module: torch.nn.Module, *, conv_layout: ConvLayout = "torch") -> TorchModule:
     """Wrap a torch module as an `equinox.Module` whose parameters are JAX arrays.
 
     The arrays are `extract`'s: they never change afterwards, whatever torch does to the
-    module, and calling the wrapper leaves the module as found.
+    module, and calling the wrapper leaves the module as found. `conv_layout="flax"` keeps
+    convolution weights in XLA's layout, as in `extract`.
 
     **Example:**
         ```python
@@ -202,5 +219,5 @@ def torch_module_to_jax(module: torch.nn.Module) -> TorchModule:
         m = eqx.apply_updates(m, updates)
         ```
     """
-    params, _ = extract(module)
-    return TorchModule(params=params, module=module)
+    params, _ = extract(module, conv_layout=conv_layout)
+    return TorchModule(params=params, module=module, conv_layout=conv_layout)

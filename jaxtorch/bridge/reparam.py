@@ -86,7 +86,9 @@ def bound(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator
     unknown = [k for k in tensors if k not in state]
     if unknown:
         raise KeyError(f"jaxtorch: {unknown[:5]} {'is' if len(unknown) == 1 else 'are'} not parameters or buffers "
-                       f"of this {type(module).__name__} (it has {list(state)[:5]}...)")
+                       f"of this {type(module).__name__} (it has {list(state)[:5]}...)"
+                       + ("; `.kernel` names are convolution weights in Flax's layout, which the function from "
+                          "`extract(module, conv_layout='flax')` takes" if any(k.endswith("kernel") for k in unknown) else ""))
     by_id = {id(state[name]): value for name, value in tensors.items()}
     with as_found([module]):
         for m in module.modules():

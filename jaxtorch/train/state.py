@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..bridge.api import named_state
+from ..bridge.layouts import conv_kernels, from_kernels
 from ..bridge.convert import array_to_torch
 from ..bridge.tensor import JaxTensor, write
 
@@ -73,7 +74,8 @@ def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> t
     """Write trained values (parameters and buffers) back into a torch module, in place.
 
     Tied weights are one tensor in torch, so writing one name updates every name tied to
-    it. Values are converted to each tensor's dtype; sharded arrays are gathered. A
+    it. Convolution kernels in Flax's layout (`conv1.kernel`, from `conv_layout="flax"`)
+    are transposed back to torch's. Values are converted to each tensor's dtype; sharded arrays are gathered. A
     module on the `jax` device gets the arrays themselves (no host copy).
 
     **Arguments:**
@@ -90,6 +92,7 @@ def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> t
         torch.save(model.state_dict(), "model.pt")
         ```
     """
+    params = from_kernels(params, conv_kernels(model))
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
     if strict:

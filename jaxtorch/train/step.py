@@ -27,6 +27,7 @@ import optax
 import torch
 
 from ..bridge.api import extract
+from ..bridge.layouts import ConvLayout
 from ..bridge.convert import to_jax, tree_map
 from .precision import MixedPrecision, resolve
 from .state import Trainable, TrainState, buffer_names, select
@@ -98,6 +99,7 @@ def make_train_step(
     mixed_precision: None | str | MixedPrecision = None,
     jit: bool = True,
     donate: bool = False,
+    conv_layout: ConvLayout = "torch",
 ) -> tuple[Callable[..., TrainState], Callable[..., tuple[TrainState, jax.Array]]]:
     """Build `(init, step)` to train `model` with `loss_fn` and an optax optimizer.
 
@@ -118,6 +120,9 @@ def make_train_step(
     - `jit`: compile `step` with `jax.jit` (default).
     - `donate`: donate the input state's buffers to the output (saves memory; the state
       passed in cannot be used again).
+    - `conv_layout`: "flax" keeps convolution weights (and their gradients and optimizer
+      state) in the layout XLA's CPU convolutions read, as `<module>.kernel`, as in
+      `extract`; `load_into` takes them back.
 
     **Returns:** `(init, step)`:
     - `init(params=None) -> TrainState`: the model's current values (copied) or
@@ -128,7 +133,7 @@ def make_train_step(
     """
     if accumulate < 1:
         raise ValueError(f"accumulate must be >= 1, got {accumulate}")
-    params0, fn = extract(model, mutable=True)
+    params0, fn = extract(model, mutable=True, conv_layout=conv_layout)
     buffers = buffer_names(model)
     mask = select(params0, trainable, buffers)
     policy = resolve(mixed_precision)
