@@ -75,7 +75,7 @@ def to_kernels(params: dict, kernels: Kernels) -> dict:
     for name, value in params.items():
         if name in kernels:
             new, perm = kernels[name]
-            out[new] = jnp.transpose(value, perm)
+            out[new] = _relayout(value, perm)
         else:
             out[name] = value
     return out
@@ -101,6 +101,16 @@ def from_kernels(params: dict, kernels: Kernels) -> dict:
         else:
             out[name] = value
     return out
+
+
+def _relayout(value, perm: tuple[int, ...]):
+    """`value` transposed, as a new array. A concrete array on the host is transposed by NumPy:
+    `jnp.transpose` outside `jit` compiles a small XLA program for every weight shape
+    (1.4 s for ResNet-18's 11 shapes)."""
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and value.is_fully_addressable \
+            and all(d.platform == "cpu" for d in value.devices()) and len(value.devices()) == 1:
+        return jnp.asarray(np.ascontiguousarray(np.transpose(np.asarray(value), perm)))
+    return _transpose(value, perm)
 
 
 def _transpose(value, perm: tuple[int, ...]):
