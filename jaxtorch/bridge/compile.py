@@ -197,7 +197,7 @@ class Compiled:
                     write(t, value)
                 else:
                     with torch.no_grad():
-                        t.copy_(array_to_torch(value))
+                        t.copy_(array_to_torch(value, copy=False))
             argstate.write_back(args, kwargs, self._aux[key], written, new)
         return _wrap(out)
 

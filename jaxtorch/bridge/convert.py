@@ -172,8 +172,14 @@ def _np_dtype(dtype: torch.dtype) -> np.dtype:
     return _TORCH_TO_NP[dtype]
 
 
-def array_to_torch(a) -> torch.Tensor:
-    """A `jax.Array` -> plain CPU `torch.Tensor`, zero-copy through DLPack when possible."""
+def array_to_torch(a, *, copy: bool = True) -> torch.Tensor:
+    """A `jax.Array` -> plain CPU `torch.Tensor`.
+
+    With `copy=False` the tensor may share the array's memory (DLPack): only for callers
+    that read it at once (`dst.copy_(array_to_torch(a, copy=False))`), since a torch write
+    to it would change a JAX array, which must never change. torch cannot make memory it
+    did not allocate copy-on-write, so the default copies.
+    """
     if isinstance(a, jax.core.Tracer):
         from .errors import DataDependentError
 
@@ -184,6 +190,8 @@ def array_to_torch(a) -> torch.Tensor:
         if not a.is_fully_addressable or len(a.sharding.device_set) > 1:
             raise ValueError
         t = torch.from_dlpack(a)
+        if copy:
+            t = t.clone()
     except Exception:
         host = np.asarray(a)
         if host.dtype == np.dtype(jnp.bfloat16):
@@ -233,6 +241,8 @@ def to_jax(tree: Any) -> Any:
 
 def to_torch(tree: Any) -> Any:
     """Convert every `jax.Array` (or `JaxTensor`) in `tree` to a plain CPU `torch.Tensor`.
+
+    The tensors are copies: writing to them in place never changes the JAX arrays.
 
     **Example:**
         ```python

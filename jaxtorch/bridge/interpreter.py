@@ -489,7 +489,7 @@ def _to_copy(args, kwargs):
     device = kwargs.get("device")
     dtype = kwargs.get("dtype")
     if device is not None and not is_jax_device(device):  # jax -> cpu
-        t = array_to_torch(x._concrete(f"copy to {device}")) if isinstance(x, JaxTensor) else x
+        t = array_to_torch(x._concrete(f"copy to {device}"), copy=False) if isinstance(x, JaxTensor) else x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
     src = x._raw() if isinstance(x, JaxTensor) else None
     a = src if src is not None else tensor_to_jax(x)  # cpu -> jax
@@ -512,7 +512,7 @@ def _copy_(args, kwargs):
         return dst
     # jax -> cpu copy into a plain tensor
     _cpu_write(aten.copy_.default, dst)
-    dst.copy_(array_to_torch(src._concrete("copy_ into a CPU tensor")))
+    dst.copy_(array_to_torch(src._concrete("copy_ into a CPU tensor"), copy=False))
     return dst
 
 
@@ -659,7 +659,7 @@ def _copy_from(src, dst, non_blocking=False):
         write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
     else:
         _cpu_write(aten._copy_from.default, dst)
-        dst.copy_(array_to_torch(src._concrete("copy to a CPU tensor")))
+        dst.copy_(array_to_torch(src._concrete("copy to a CPU tensor"), copy=False))
     return dst
 
 

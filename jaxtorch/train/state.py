@@ -117,14 +117,14 @@ def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> t
 
 def _host(value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu() if not isinstance(value, JaxTensor) else array_to_torch(value.elem)
+        return value.detach().cpu() if not isinstance(value, JaxTensor) else array_to_torch(value.elem, copy=False)
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         from jax.experimental import multihost_utils
 
         value = np.asarray(multihost_utils.process_allgather(value, tiled=True))
     if isinstance(value, np.ndarray):
         value = jax.numpy.asarray(value)
-    return array_to_torch(value)
+    return array_to_torch(value, copy=False)  # read at once by copy_
 
 
 __all__ = ["TrainState", "buffer_names", "load_into", "select"]

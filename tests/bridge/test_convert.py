@@ -106,10 +106,12 @@ def test_to_jax_shares_memory_of_contiguous_tensor():
     assert a.unsafe_buffer_pointer() == t.data_ptr()
 
 
-def test_to_torch_shares_memory():
+def test_to_torch_copies():
+    """JAX arrays never change: `to_torch` gives torch its own memory to write (see test_safety)."""
     a = jnp.arange(1024, dtype=jnp.float32)
     t = jaxtorch.to_torch(a)
-    assert t.data_ptr() == a.unsafe_buffer_pointer()
+    assert t.data_ptr() != a.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(t.numpy(), np.asarray(a))
 
 
 def test_non_contiguous_tensor_converted_correctly():

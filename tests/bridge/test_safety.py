@@ -356,3 +356,15 @@ def test_torch_internal_float64_scalars_still_work():
     assert int(jaxtorch.call_torch(torch.linalg.matrix_rank, a)) == int(torch.linalg.matrix_rank(torch.from_numpy(a)))
     out = jaxtorch.call_torch(lambda t: t * torch.tensor(0.5, dtype=torch.float64), jnp.ones(2))
     assert out.dtype == jnp.float32 and out.tolist() == [0.5, 0.5]  # torch's promotion: float32 too
+
+
+def test_to_torch_is_a_copy():
+    """A torch write to what `to_torch` returns never reaches the JAX array (it shared the
+    array's memory through DLPack before, so `t.add_(1)` changed an immutable jax.Array)."""
+    a = jnp.arange(100_000, dtype=jnp.float32)
+    t = jaxtorch.to_torch(a)
+    t.add_(1)
+    assert float(a[0]) == 0.0 and float(t[0]) == 1.0
+    tree = jaxtorch.to_torch({"w": a})
+    tree["w"].mul_(0)
+    assert float(a[1]) == 1.0
