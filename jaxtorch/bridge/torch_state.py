@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import torch
 
 from . import pytrees
-from .convert import tensor_to_jax
+from .convert import array_to_torch, tensor_to_jax
 from .tensor import JaxTensor, write
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
@@ -317,7 +317,7 @@ class ArgState:
                 write(t, value)
             else:
                 with torch.no_grad():
-                    t.copy_(_to_torch(value))
+                    t.copy_(array_to_torch(value, copy=False))
         if structure is None:
             return
         treedef, after = structure
@@ -339,12 +339,6 @@ def _plain_stateful(x) -> bool:
 @dataclasses.dataclass(frozen=True)
 class _NewLeaf:
     index: int
-
-
-def _to_torch(value):
-    from .convert import array_to_torch
-
-    return array_to_torch(value)
 
 
 def _merge(orig, new):
