@@ -65,11 +65,12 @@ import torch
 
 from . import random as _random
 from . import tensor as _tensor
-from .api import _module_lock, _run_torch, named_state
+from .api import _module_lock, _run_torch
 from .convert import array_to_torch, tensor_to_jax
 from .errors import StateWriteError
+from .reparam import Snapshot, named_state, swap_in
 from .tensor import JaxTensor, write
-from .torch_state import ArgState, Holders, ModuleSnapshot, swap_in
+from .torch_state import ArgState, Holders
 
 
 class Compiled:
@@ -120,10 +121,10 @@ class Compiled:
             else:
                 tstate = {k: JaxTensor(v) for k, v in state.items()}
                 names = {id(t): n for n, t in named_state(module).items()}
-                snap = ModuleSnapshot([module])
+                snap = Snapshot([module])
                 try:
                     slots = swap_in(module, tstate, names)
-                    swapped = ModuleSnapshot([module])
+                    swapped = Snapshot([module])
                     out = self._run(call if call is not None else module, key, args, kwargs, rng)
                     for d, k, name in slots:  # `self.buf = new` inside the forward: a write too
                         if d[k] is not tstate[name]:
@@ -153,7 +154,7 @@ class Compiled:
             self.compilations += 1  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
             snap = holders.snapshot()
-            modules = ModuleSnapshot(holders.modules)
+            modules = Snapshot(holders.modules)
             try:
                 holders.install(state, opt_statics, tracing=True)
                 out = self._run(target, random_key, args, kwargs, rng)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterable, Iterator
 
+import jax
 import torch
 
 _MISSING = object()
@@ -37,25 +38,71 @@ def _restore(target: dict, saved: dict) -> None:
             target[key] = value
 
 
+class Snapshot:
+    """The attribute dictionaries of every submodule of `modules` (each once, shared ones
+    included): `restore()` puts back the same objects, whatever ran since; `leaks()` names
+    the attributes changed since that now hold a traced value."""
+
+    def __init__(self, modules: Iterable[torch.nn.Module]):
+        self.saved = []
+        seen: set[int] = set()
+        for root in modules:
+            for m in root.modules():
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    d = m.__dict__
+                    self.saved.append((m, dict(d), [(d[s], dict(d[s])) for s in _SLOTS if isinstance(d.get(s), dict)]))
+
+    def leaks(self) -> list[str]:
+        leaked = []
+        for m, attrs, slots in self.saved:
+            for live, saved in [*slots, (m.__dict__, attrs)]:
+                leaked += [f"{type(m).__name__}.{k}" for k, v in live.items()
+                           if (k not in saved or saved[k] is not v) and _holds_tracer(v)]
+        return leaked
+
+    def restore(self) -> None:
+        for m, attrs, slots in self.saved:
+            _restore(m.__dict__, attrs)
+            for slot, entries in slots:
+                _restore(slot, entries)
+
+
+def _holds_tracer(v) -> bool:
+    from .tensor import JaxTensor
+
+    if isinstance(v, JaxTensor):
+        root = v._jt_base if v._jt_base is not None else v
+        return isinstance(root._jt_elem, jax.core.Tracer)
+    if isinstance(v, jax.core.Tracer):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tracer(x) for x in v)
+    if isinstance(v, dict):
+        return any(_holds_tracer(x) for x in v.values())
+    return False
+
+
 @contextlib.contextmanager
 def as_found(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
     """On exit, every submodule of `modules` has the attributes, parameters, buffers and
     children it had on entry (the same objects), whatever ran inside."""
-    saved = []
-    seen: set[int] = set()
-    for root in modules:
-        for m in root.modules():
-            if id(m) not in seen:
-                seen.add(id(m))
-                d = m.__dict__
-                saved.append((m, dict(d), [(d[s], dict(d[s])) for s in _SLOTS if isinstance(d.get(s), dict)]))
+    snap = Snapshot(modules)
     try:
         yield
     finally:
-        for m, attrs, slots in saved:
-            _restore(m.__dict__, attrs)
-            for slot, entries in slots:
-                _restore(slot, entries)
+        snap.restore()
+
+
+def swap_in(module: torch.nn.Module, values: dict[str, torch.Tensor], names: dict[int, str]) -> list:
+    """Put `values[name]` into every parameter/buffer slot holding the tensor named `name`
+    (`names` maps `id(tensor)` to its name; tied and shared slots all get it). Returns the
+    slots `(dict, key, name)`; a `Snapshot` taken before puts the originals back."""
+    slots = [(d, k, names[id(t)]) for m in module.modules() for d in (m._parameters, m._buffers)
+             for k, t in d.items() if t is not None and id(t) in names]
+    for d, k, name in slots:
+        d[k] = values[name]
+    return slots
 
 
 def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -89,12 +136,6 @@ def bound(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator
                        f"of this {type(module).__name__} (it has {list(state)[:5]}...)"
                        + ("; `.kernel` names are convolution weights in Flax's layout, which the function from "
                           "`extract(module, conv_layout='flax')` takes" if any(k.endswith("kernel") for k in unknown) else ""))
-    by_id = {id(state[name]): value for name, value in tensors.items()}
     with as_found([module]):
-        for m in module.modules():
-            for slot in (m._parameters, m._buffers):
-                for key, value in slot.items():
-                    new = by_id.get(id(value)) if value is not None else None
-                    if new is not None:
-                        slot[key] = new
+        swap_in(module, tensors, {id(state[name]): name for name in tensors})
         yield
