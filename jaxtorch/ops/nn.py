@@ -111,14 +111,15 @@ def _depthwise(x, w, stride, padding, dilation):
     batch, c_in = x.shape[:2]
     c_out, k = w.shape[0], w.shape[2:]
     xf, wf = _opmath(x), _opmath(w)
-    xp = lax.pad(xf, jnp.zeros((), xf.dtype), [(0, 0, 0), (0, 0, 0)] + [(p, p, 0) for p in padding])
-    if c_out != c_in:  # channel multiplier m: output channel o reads input channel o // m
-        xp = lax.broadcast_in_dim(xp, (batch, c_in, c_out // c_in) + xp.shape[2:], (0, 1) + tuple(range(3, n + 3)))
-        xp = xp.reshape((batch, c_out) + xp.shape[3:])
-    size = [(xp.shape[2 + i] - dilation[i] * (k[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
-    # channels last, as XLA:CPU lays out the convolutions around it: 17 fewer relayouts in MobileNetV2
+    # channels last before the padding, as XLA:CPU lays out the convolutions around it: the pad
+    # is then written channels-last too, fused into the producer's epilogue (no relayout)
     perm = (0,) + tuple(range(2, n + 2)) + (1,)
-    xp = jnp.transpose(xp, perm)
+    pads = [(0, 0, 0)] + [(p, p, 0) for p in padding] + [(0, 0, 0)]
+    xp = lax.pad(jnp.transpose(xf, perm), jnp.zeros((), xf.dtype), pads)
+    if c_out != c_in:  # channel multiplier m: output channel o reads input channel o // m
+        xp = lax.broadcast_in_dim(xp, xp.shape + (c_out // c_in,), tuple(range(n + 2)))
+        xp = xp.reshape(xp.shape[:-2] + (c_out,))
+    size = [(xp.shape[1 + i] - dilation[i] * (k[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
     out = None
     for tap in itertools.product(*(range(kk) for kk in k)):
         start = [t * d for t, d in zip(tap, dilation)]
