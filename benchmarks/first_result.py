@@ -221,8 +221,8 @@ def main() -> None:
         print(f"| {m} first jitted forward, second process, persistent cache / cold | {ratio} | < 0.3x | {split} | "
               f"{_fmt([c['compile_cpu'] for c in cached[m]])} | cold total {_fmt([r['total'] for r in cold])} s |")
     if "before" in roots:
-        print("\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run | steady run |\n"
-              "|---|---|---|---|---|---|---|")
+        print("\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run "
+              "| steady run |\n|---|---|---|---|---|---|---|")
         for m, k in jobs:
             a, b = runs[("after", m, k)], runs[("before", m, k)]
             cells = [_fmt([x[s] / y[s] for x, y in zip(a, b)], unit="x")
