@@ -5,8 +5,8 @@ interpreter). `module_scopes()` adds one scope per torch module call, named by i
 attribute name in the parent (`attn`, `mlp`) or by its class for list members
 (`GPT2Block`), giving HLO op names such as `GPT2Block/attn/aten::addmm`.
 
-The output of each repeated block (a member of a `ModuleList` or `Sequential` that has
-submodules itself: `GPT2Block`, a ResNet `BasicBlock`) also passes through
+On the CPU backend, the output of each repeated block (a member of a `ModuleList` or
+`Sequential` that has submodules itself: `GPT2Block`, a ResNet `BasicBlock`) also passes through
 `gradient_barrier`: the same value, whose cotangent XLA must compute once at that point
 instead of fusing the backward's residual-stream sums into every consumer (which made the
 12-layer GPT-2 gradient program quadratic in depth; see benchmarks/README.md, issue 16).
@@ -79,8 +79,12 @@ def _barrier_outputs(output) -> None:
     """Route the gradient of a block's floating-point output tensors through `gradient_barrier`.
 
     The tensor object keeps its identity and (equal) value; no version bump, so nothing counts it
-    as written and views taken earlier stay valid (they hold the same values).
+    as written and views taken earlier stay valid (they hold the same values). Only where JAX's
+    default backend is the CPU: the duplication it prevents is XLA:CPU's fusion, measured there;
+    GPU programs stay as they were (unmeasured with the barrier).
     """
+    if jax.default_backend() != "cpu":
+        return
     for t in output if isinstance(output, (tuple, list)) else (output,):
         if type(t) is JaxTensor and t._jt_base is None and t.dtype.is_floating_point:
             e = t._jt_elem

@@ -73,9 +73,10 @@ def test_block_outputs_route_gradients_through_the_barrier_exactly():
     assert "scatter" not in forward.as_text()  # the forward program is untouched
 
     grad = jax.jit(jax.grad(lambda p: jnp.square(fn(p, jx)).sum()))
-    # per block output, the transpose of the one-element scatter (a scatter of 0 and a scatter-add);
-    # the stack has no other scatter
-    assert grad.lower(params).as_text().count("stablehlo.scatter") == 2 * len(model.blocks)
+    # per block output, the transpose of the one-element scatter (a scatter of 0 and a scatter-add),
+    # on the CPU backend only; the stack has no other scatter
+    per_block = 2 if jax.default_backend() == "cpu" else 0
+    assert grad.lower(params).as_text().count("stablehlo.scatter") == per_block * len(model.blocks)
     grads = grad(params)
     for name, p in model.named_parameters():
         if p.grad is None:
