@@ -5,15 +5,21 @@ first run, each as a ratio to one eager PyTorch forward of the same model measur
     python benchmarks/first_result.py                     # GPT-2 12x256 (8x128) and ResNet-18 (8x3x112x112)
     python benchmarks/first_result.py --repeat 5 --only gpt2
     python benchmarks/first_result.py --no-cache          # skip the persistent-cache rows
+    python benchmarks/first_result.py --only gpt2:6,gpt2:24 --kinds gradient --no-cache   # depth scaling
+    python benchmarks/first_result.py --flags=--xla_llvm_disable_expensive_passes=true   # an XLA option A/B
 
 How: every measurement is its own Python process (`--child MODEL KIND`), so XLA, LLVM, YNNPACK and
 jaxtorch's caches are cold. The child imports everything and builds the torch model first (not
 timed), then times `jaxtorch.extract(model)`, `jax.jit(f).lower(...)` (trace + lower to StableHLO),
-`.compile()` (XLA) and the first call of the compiled function up to `block_until_ready`; only
+`.compile()` (XLA) and the first call of the compiled function up to `block_until_ready`, then
+the second call and the median of 5 more (the steady state, shown in the A/B table); only
 then does it time the eager torch forward (`torch.no_grad()`, one warm-up, median of 5), so torch
 warms nothing the JAX side uses. The parent runs the children alternating (gpt2 forward, resnet
 forward, gpt2 gradient, resnet gradient, then the cache pairs, repeated), so load drifting on a
 shared machine hits every row alike, and reports medians and ranges of `--repeat` (3) rounds.
+`--before DIR` alternates this checkout's children with DIR's jaxtorch (the same child code), and
+`--flags` alternates children with and without extra XLA_FLAGS (jaxtorch never sets XLA options
+itself); both print an after / before table.
 
 Compilation cache rows: a child with JAX's persistent compilation cache enabled in a fresh
 directory fills it, and a second child with the same directory runs the same model: its time to
@@ -51,7 +57,9 @@ def _enable_cache(path: str) -> None:
 
 
 def _model(name: str):
-    """(torch model, torch input, output -> array, loss(output, labels) in JAX, labels)."""
+    """(torch model, torch input, output -> array, loss(output, labels) in JAX, labels).
+
+    `name`: "gpt2" (12 layers), "gpt2:N" (N layers) or "resnet18"."""
     import jax.numpy as jnp
     import optax
     import torch
@@ -59,8 +67,8 @@ def _model(name: str):
     sys.path.insert(0, str(HERE))
     from models import cnn, gpt2
 
-    if name == "gpt2":
-        model = gpt2(12)
+    if name.partition(":")[0] == "gpt2":
+        model = gpt2(int(name.partition(":")[2] or 12))
         x = torch.randint(0, 8192, (8, 128), generator=torch.Generator().manual_seed(0))
         labels = x
         out = lambda o: o.logits  # noqa: E731
@@ -117,6 +125,12 @@ def child(name: str, kind: str, cache: str | None) -> dict:
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     t["second_run"] = time.perf_counter() - t0
+    steady = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        steady.append(time.perf_counter() - t0)
+    t["steady"] = statistics.median(steady)
     eager = []
     with torch.no_grad():
         for _ in range(6):
@@ -127,10 +141,13 @@ def child(name: str, kind: str, cache: str | None) -> dict:
     return t
 
 
-def _spawn(name: str, kind: str, cache: str | None = None, root: Path = HERE.parent) -> dict:
-    """Run one child; `root` is the checkout whose jaxtorch it imports (this one by default)."""
+def _spawn(name: str, kind: str, cache: str | None = None, root: Path = HERE.parent, flags: str | None = None) -> dict:
+    """Run one child; `root` is the checkout whose jaxtorch it imports (this one by default), `flags`
+    the child's XLA_FLAGS (None: this process's environment)."""
     cmd = [sys.executable, __file__, "--child", name, kind] + (["--cache", cache] if cache else [])
     env = dict(os.environ, PYTHONPATH=str(root))
+    if flags is not None:
+        env["XLA_FLAGS"] = flags
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
@@ -152,31 +169,38 @@ def main() -> None:
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "KIND"), help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of alternating processes (median, range)")
-    ap.add_argument("--only", default="gpt2,resnet18", help="comma-separated subset of: gpt2, resnet18")
+    ap.add_argument("--only", default="gpt2,resnet18",
+                    help="comma-separated subset of: gpt2, gpt2:N (N layers instead of 12), resnet18")
     ap.add_argument("--kinds", default="forward,gradient", help="comma-separated subset of: forward, gradient")
     ap.add_argument("--no-cache", action="store_true", help="skip the persistent compilation cache rows")
     ap.add_argument("--before", type=Path, help="another checkout (e.g. `git worktree add /tmp/before HEAD~1`): "
                     "its children alternate with this checkout's, and a before/after table is printed")
+    ap.add_argument("--flags", help="XLA_FLAGS for the 'after' children (e.g. '--xla_backend_optimization_level=1'); "
+                    "without --before, 'before' is this checkout with the inherited XLA_FLAGS")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child, args.cache)))
         return
-    roots = {"after": HERE.parent, "before": args.before} if args.before else {"": HERE.parent}
+    if args.before or args.flags is not None:  # label -> (checkout, XLA_FLAGS)
+        roots = {"after": (HERE.parent, args.flags), "before": (args.before or HERE.parent, None)}
+    else:
+        roots = {"": (HERE.parent, None)}
     models = [m for m in args.only.split(",") if m]
     jobs = [(m, k) for k in args.kinds.split(",") for m in models]
     runs: dict = {(label, *job): [] for job in jobs for label in roots}
     cached: dict = {m: [] for m in models}
     for r in range(args.repeat):
         for job in jobs:
-            for label, root in sorted(roots.items(), key=lambda kv: (kv[0] == "after") == (r % 2 == 0)):
-                runs[(label, *job)].append(_spawn(*job, root=root))
+            for label, (root, flags) in sorted(roots.items(), key=lambda kv: (kv[0] == "after") == (r % 2 == 0)):
+                runs[(label, *job)].append(_spawn(*job, root=root, flags=flags))
                 print(_show(f"round {r + 1} {label} {job[0]} {job[1]}", runs[(label, *job)][-1]), flush=True)
         if args.no_cache or "forward" not in args.kinds:
             continue
         for m in models:
             with tempfile.TemporaryDirectory() as d:
-                _spawn(m, "forward", d)  # fills the cache
-                cached[m].append(_spawn(m, "forward", d))
+                root, flags = roots.get("after", roots.get(""))
+                _spawn(m, "forward", d, root, flags)  # fills the cache
+                cached[m].append(_spawn(m, "forward", d, root, flags))
             print(_show(f"round {r + 1} {m} forward, warm cache", cached[m][-1]), flush=True)
 
     print("\n| time to first result (fresh process, median (range) of %d) | / eager forward | target | "
@@ -196,13 +220,13 @@ def main() -> None:
         split = " / ".join(_fmt([c[s] for c in cached[m]]) for s in STEPS)
         print(f"| {m} first jitted forward, second process, persistent cache / cold | {ratio} | < 0.3x | {split} | "
               f"{_fmt([c['compile_cpu'] for c in cached[m]])} | cold total {_fmt([r['total'] for r in cold])} s |")
-    if args.before:
-        print("\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run |\n"
-              "|---|---|---|---|---|---|")
+    if "before" in roots:
+        print("\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run "
+              "| steady run |\n|---|---|---|---|---|---|---|")
         for m, k in jobs:
             a, b = runs[("after", m, k)], runs[("before", m, k)]
             cells = [_fmt([x[s] / y[s] for x, y in zip(a, b)], unit="x")
-                     for s in ("total", "trace", "compile", "compile_cpu", "run")]
+                     for s in ("total", "trace", "compile", "compile_cpu", "run", "steady")]
             print(f"| {m} first jitted {k} | " + " | ".join(cells) + " |")
 
 

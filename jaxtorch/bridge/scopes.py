@@ -5,6 +5,12 @@ interpreter). `module_scopes()` adds one scope per torch module call, named by i
 attribute name in the parent (`attn`, `mlp`) or by its class for list members
 (`GPT2Block`), giving HLO op names such as `GPT2Block/attn/aten::addmm`.
 
+On the CPU backend, the output of each repeated block (a member of a `ModuleList` or
+`Sequential` that has submodules itself: `GPT2Block`, a ResNet `BasicBlock`) also passes through
+`gradient_barrier`: the same value, whose cotangent XLA must compute once at that point
+instead of fusing the backward's residual-stream sums into every consumer (which made the
+12-layer GPT-2 gradient program quadratic in depth; see benchmarks/README.md, issue 16).
+
 Example:
     ```python
     with module_scopes(model):
@@ -22,7 +28,10 @@ import jax
 import torch
 from jax._src import core as _core
 
+from .tensor import JaxTensor
+
 _names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_blocks: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _local = threading.local()
 _users = 0
 _handles: list = []
@@ -34,6 +43,53 @@ def name_modules(root: torch.nn.Module) -> None:
     for qualname, mod in root.named_modules():
         last = qualname.rsplit(".", 1)[-1]
         _names[mod] = type(mod).__name__ if (not last or last.isdigit()) else last
+        if last.isdigit() and next(mod.children(), None) is not None:
+            _blocks.add(mod)
+
+
+@jax.custom_jvp
+def gradient_barrier(x: jax.Array) -> jax.Array:
+    """`x` itself; its tangent (and so, under `jax.grad`, its cotangent) is rewritten by an exact
+    one-element scatter (`t.at[0, ..., 0].set(t[0, ..., 0])`), which XLA cannot fuse, so XLA
+    computes the gradient there once instead of duplicating its sum into every consumer.
+
+    (`lax.optimization_barrier` would say this, but XLA:CPU deletes barriers before fusion.)
+
+    **Arguments:** `x`: an array.
+    **Returns:** `x`, unchanged (values and derivatives are the identity's).
+
+    **Example:**
+        ```python
+        jax.grad(lambda x: (gradient_barrier(x * 2) ** 2).sum())(x)   # == 8 * x
+        ```
+    """
+    return x
+
+
+@gradient_barrier.defjvp
+def _gradient_barrier_jvp(primals, tangents):
+    t = tangents[0]
+    if t.ndim == 0 or t.size == 0:
+        return primals[0], t
+    first = (0,) * t.ndim
+    return primals[0], t.at[first].set(t[first])
+
+
+def _barrier_outputs(output) -> None:
+    """Route the gradient of a block's floating-point output tensors through `gradient_barrier`.
+
+    The tensor object keeps its identity and (equal) value; no version bump, so nothing counts it
+    as written and views taken earlier stay valid (they hold the same values). Only where JAX's
+    default backend is the CPU: the duplication it prevents is XLA:CPU's fusion, measured there;
+    GPU programs stay as they were (unmeasured with the barrier).
+    """
+    if jax.default_backend() != "cpu":
+        return
+    for t in output if isinstance(output, (tuple, list)) else (output,):
+        if type(t) is JaxTensor and t._jt_base is None and t.dtype.is_floating_point:
+            e = t._jt_elem
+            if isinstance(e, _core.Tracer):
+                t._jt_elem = gradient_barrier(e)
 
 
 def _pre(module, args):
@@ -51,6 +107,8 @@ def _post(module, args, output):
     stack = getattr(_local, "stack", None)
     if stack and stack[-1][0] is module:
         stack.pop()[1].__exit__(None, None, None)
+        if module in _blocks:
+            _barrier_outputs(output)
 
 
 @contextlib.contextmanager
