@@ -59,7 +59,8 @@ def _enable_cache(path: str) -> None:
 def _model(name: str):
     """(torch model, torch input, output -> array, loss(output, labels) in JAX, labels).
 
-    `name`: "gpt2" (12 layers), "gpt2:N" (N layers) or "resnet18"."""
+    `name`: "gpt2" (12 layers), "gpt2:N" (N layers), "resnet18" or "resnet18:flax" (extracted
+    with `conv_layout="flax"`: convolution weights in XLA's layout)."""
     import jax.numpy as jnp
     import optax
     import torch
@@ -99,7 +100,7 @@ def child(name: str, kind: str, cache: str | None) -> dict:
     t = {}
     c0 = time.process_time()
     t0 = time.perf_counter()
-    params, fn = jaxtorch.extract(model)
+    params, fn = jaxtorch.extract(model, conv_layout="flax" if name.endswith(":flax") else "torch")
     t["extract"] = time.perf_counter() - t0
     if kind == "forward":
         f = jax.jit(lambda p, i: out(fn(p, i)))

@@ -138,8 +138,8 @@ def extract(module: torch.nn.Module, *, mutable: bool = False,
         ```
     """
     kernels = conv_kernels(module, conv_layout)
-    params = {name: tensor_to_jax(t) for name, t in named_state(module).items()}
-    return to_kernels(params, kernels), _module_fn(module, mutable, kernels)
+    params = {name: tensor_to_jax(t) for name, t in to_kernels(named_state(module), kernels).items()}
+    return params, _module_fn(module, mutable, kernels)
 
 
 def _module_fn(module: torch.nn.Module, mutable: bool, kernels: dict | None = None) -> Callable:

@@ -69,8 +69,8 @@ def conv_kernels(module: torch.nn.Module, conv_layout: ConvLayout = "flax") -> K
 
 
 def to_kernels(params: dict, kernels: Kernels) -> dict:
-    """Torch-named, torch-layout values -> the same dict with `kernels`' weights renamed and
-    transposed (order of the entries kept)."""
+    """Torch-named, torch-layout values (torch tensors or arrays) -> the same dict with
+    `kernels`' weights renamed and transposed (order of the entries kept)."""
     out = {}
     for name, value in params.items():
         if name in kernels:
@@ -97,25 +97,22 @@ def from_kernels(params: dict, kernels: Kernels) -> dict:
             if jnp.ndim(value) != len(inverse):
                 raise ValueError(f"jaxtorch: `{name}` has shape {tuple(jnp.shape(value))}; a {len(inverse) - 2}-d "
                                  f"convolution kernel has {len(inverse)} dimensions (*kernel, in, out)")
-            out[old] = _transpose(value, inverse)
+            out[old] = _relayout(value, inverse)
         else:
             out[name] = value
     return out
 
 
 def _relayout(value, perm: tuple[int, ...]):
-    """`value` transposed, as a new array. A concrete array on the host is transposed by NumPy:
-    `jnp.transpose` outside `jit` compiles a small XLA program for every weight shape
-    (1.4 s for ResNet-18's 11 shapes)."""
-    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and value.is_fully_addressable \
-            and all(d.platform == "cpu" for d in value.devices()) and len(value.devices()) == 1:
-        return jnp.asarray(np.ascontiguousarray(np.transpose(np.asarray(value), perm)))
-    return _transpose(value, perm)
-
-
-def _transpose(value, perm: tuple[int, ...]):
+    """`value` transposed. A torch tensor gives a view (`extract`'s conversion makes it one
+    contiguous copy, with torch's threads); a concrete host array is transposed by NumPy, since
+    `jnp.transpose` outside `jit` compiles a small program per weight shape (1.4 s for
+    ResNet-18's 11 shapes); traced values by `jnp.transpose`, which XLA cancels."""
     if isinstance(value, torch.Tensor):
-        return value.permute(perm)
+        return value.detach().permute(perm)
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and value.is_fully_addressable \
+            and len(value.devices()) == 1 and next(iter(value.devices())).platform == "cpu":
+        return jnp.asarray(np.ascontiguousarray(np.transpose(np.asarray(value), perm)))
     return jnp.transpose(value, perm) if isinstance(value, jax.Array) else np.transpose(value, perm)
 
 
