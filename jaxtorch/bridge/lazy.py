@@ -125,7 +125,10 @@ class LazyMetrics:
     - `unplanned`: reason (forcing op and source line) -> count, for executions not made
       by `mark_step` (value reads, data-dependent ops, graph limit);
     - `fallbacks`: op -> count of ops run eagerly because they cannot be recorded;
-    - `compile_seconds` / `execute_seconds`: wall time spent tracing+compiling / running.
+    - `compile_seconds` / `execute_seconds`: wall time spent tracing+compiling / running;
+    - `floats_made_inputs`: Python-float sites that changed value and so became program
+      inputs (the others are baked in as constants; each change compiles once);
+    - `float_inputs`: Python floats passed as inputs to the last executed program.
     """
 
     compiles: int = 0
@@ -138,6 +141,8 @@ class LazyMetrics:
     fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     compile_seconds: float = 0.0
     execute_seconds: float = 0.0
+    floats_made_inputs: int = 0
+    float_inputs: int = 0
 
 
 _M = LazyMetrics()
@@ -178,6 +183,8 @@ def metrics_report() -> str:
         f"run time {m.execute_seconds:.2f}s)",
         f"ops recorded per step (last {len(steps)}): {steps}",
         f"graph sizes (last 5): {m.graph_sizes[-5:]}",
+        f"Python floats: {m.float_inputs} program inputs in the last program; "
+        f"{m.floats_made_inputs} sites made inputs after a change (the rest are constants)",
     ]
     if m.unplanned:
         lines.append("unplanned executions (what forced them):")
@@ -429,6 +436,8 @@ def _linearize(targets: list[LazyArray]):
     leaves: list = []
     leaf_pos: dict[int, int] = {}
     uses: list[int] = []  # per leaf: how many node inputs hold it directly
+    sites: list = []  # per Python-float leaf (in leaf order): (kid, occurrence of kid, input position)
+    kid_seen: dict[int, int] = {}
     lazy_t = LazyArray
     for t in targets:
         stack = [t.node]
@@ -446,7 +455,8 @@ def _linearize(targets: list[LazyArray]):
                 continue
             stack.pop()
             refs = []
-            for x in n.inputs:
+            occ = -1
+            for j, x in enumerate(n.inputs):
                 direct = 1
                 if type(x) is lazy_t:
                     v = x.value
@@ -455,6 +465,10 @@ def _linearize(targets: list[LazyArray]):
                         continue
                     x, direct = v, 0
                 if type(x) is float:
+                    if occ < 0:
+                        occ = kid_seen.get(n.kid, 0)
+                        kid_seen[n.kid] = occ + 1
+                    sites.append((n.kid, occ, j))
                     leaves.append(x)
                     uses.append(direct)
                     refs.append(-len(leaves))
@@ -471,7 +485,43 @@ def _linearize(targets: list[LazyArray]):
             parts.append((n.kid, tuple(refs)))
     outs = tuple((node_pos[id(t.node)], t.index) for t in targets)
     key = (tuple(parts), tuple(_leaf_aval(x) for x in leaves), outs)
-    return order, leaves, uses, outs, key
+    return order, leaves, uses, sites, outs, key
+
+
+# Python floats (a GELU's 0.5, a softmax scale, a `pow` exponent, AdamW's betas and its
+# per-step bias corrections) are baked into a program as constants, so XLA folds them (a
+# `pow(x, 3.0)` becomes two multiplies), until one changes: then that float's site (the
+# op kind, its occurrence in the graph, the argument position) becomes a program input
+# for good. A steady loop's per-step floats (AdamW's step sizes) differ between its first
+# and second step, which compile anyway, so from the third step on nothing compiles.
+_VARYING = object()
+_FLOAT_SITES: dict[Any, Any] = {}  # site -> the value seen (as float.hex) or _VARYING
+
+
+def _float_plan(leaves: list, sites: list) -> tuple[tuple[bool, ...], tuple[str, ...]]:
+    """(per float leaf: whether it is a program input, hex of the floats baked in)."""
+    dynamic = []
+    static = []
+    table = _FLOAT_SITES
+    i = 0
+    for x in leaves:
+        if type(x) is not float:
+            continue
+        site = sites[i]
+        i += 1
+        h = x.hex()
+        seen = table.get(site)
+        if seen is None:
+            table[site] = h
+        elif seen is not _VARYING and seen != h:
+            table[site] = seen = _VARYING
+            _M.floats_made_inputs += 1
+        if seen is _VARYING:
+            dynamic.append(True)
+        else:
+            dynamic.append(False)
+            static.append(h)
+    return tuple(dynamic), tuple(static)
 
 
 def _donatable(leaves: list, uses: list[int]) -> tuple[bool, ...]:
@@ -486,14 +536,19 @@ def _donatable(leaves: list, uses: list[int]) -> tuple[bool, ...]:
     return tuple(mask)
 
 
-def _build(order: list[_Node], outs: tuple, parts: tuple, mask: tuple[bool, ...]) -> Callable:
+_KEPT, _DONATED, _BAKED = 0, 1, 2  # how a leaf reaches the program
+
+
+def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], baked: list) -> Callable:
+    """The `jax.jit` program of a linearised graph; `how[i]` says how leaf i arrives
+    (`_KEPT`/`_DONATED` inputs, or `_BAKED`: the next of the constants `baked`)."""
     plan = [(n.fn, refs, n.name) for n, (_, refs) in zip(order, parts)]
     del order
 
     def program(donated, kept):
         _M.compiles += 1  # runs once per trace
-        its = (iter(kept), iter(donated))
-        leaves = [next(its[d]) for d in mask]
+        its = (iter(kept), iter(donated), iter(baked))
+        leaves = [next(its[h]) for h in how]
         vals = []
         for fn, refs, name in plan:
             args = [leaves[-1 - r] if type(r) is int else vals[r[0]][r[1]] for r in refs]
@@ -501,7 +556,7 @@ def _build(order: list[_Node], outs: tuple, parts: tuple, mask: tuple[bool, ...]
                 vals.append(jax.tree_util.tree_leaves(fn(*args)))
         return [vals[p][i] for p, i in outs]
 
-    return jax.jit(program, donate_argnums=0 if any(mask) else ())
+    return jax.jit(program, donate_argnums=0 if _DONATED in how else ())
 
 
 _DONATE = os.environ.get("JAXTORCH_LAZY_DONATE", "1") != "0"
@@ -523,27 +578,37 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
     if not pending:
         return
     with _lock:
-        order, leaves, uses, outs, key = _linearize(pending)
+        order, leaves, uses, sites, outs, key = _linearize(pending)
         mask = _donatable(leaves, uses) if donate and _DONATE else (False,) * len(leaves)
-        key = (key, mask)
+        dynamic, static = _float_plan(leaves, sites)
+        key = (key, mask, dynamic, static)
         prog = _PROGRAMS.get(key)
         if reason is not None:
             _M.unplanned[f"{reason} at {_where()}"] += 1
         _M.executions += 1
         _M.graph_sizes.append(len(order))
+        _M.float_inputs = sum(dynamic)
         del _M.graph_sizes[:-_HISTORY]
         t0 = time.perf_counter()
         if prog is None:
             if len(_PROGRAMS) >= _MAX_PROGRAMS:
                 _PROGRAMS.clear()
-            prog = _PROGRAMS[key] = _build(order, outs, key[0][0], mask)
+            how, fl = [], iter(dynamic)
+            for x, d in zip(leaves, mask):
+                how.append(_DONATED if d else _KEPT if type(x) is not float or next(fl) else _BAKED)
+            baked = [x for x, h in zip(leaves, how) if h == _BAKED]
+            prog = _PROGRAMS[key] = _build(order, outs, key[0][0], tuple(how), baked)
             new = True
         else:
             _M.cache_hits += 1
             new = False
         del order
-        donated = [x for x, d in zip(leaves, mask) if d]
-        kept = [x for x, d in zip(leaves, mask) if not d]
+        donated, kept, fl = [], [], iter(dynamic)
+        for x, d in zip(leaves, mask):
+            if d:
+                donated.append(x)
+            elif type(x) is not float or next(fl):
+                kept.append(x)
         del leaves
         if new:
             with warnings.catch_warnings():
@@ -693,3 +758,4 @@ def clear_cache() -> None:
         _PROGRAMS.clear()
         _SHAPES.clear()
         _KINDS.clear()
+        _FLOAT_SITES.clear()
