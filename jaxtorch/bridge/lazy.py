@@ -46,10 +46,12 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax._src.lax.lax import _convert_element_type
 
 from . import eager
 from .precision import matmul_precision
@@ -536,18 +538,26 @@ def _donatable(leaves: list, uses: list[int]) -> tuple[bool, ...]:
     return tuple(mask)
 
 
-_KEPT, _DONATED, _BAKED = 0, 1, 2  # how a leaf reaches the program
+_KEPT, _DONATED, _BAKED, _FLOATS = 0, 1, 2, 3  # how a leaf reaches the program
+
+
+def _weak_scalars(vector) -> Iterator:
+    """The elements of `vector` as weakly typed scalars, as JAX traces a Python float."""
+    for i in range(vector.shape[0]):
+        yield _convert_element_type(vector[i], weak_type=True)
 
 
 def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], baked: list) -> Callable:
-    """The `jax.jit` program of a linearised graph; `how[i]` says how leaf i arrives
-    (`_KEPT`/`_DONATED` inputs, or `_BAKED`: the next of the constants `baked`)."""
+    """The `jax.jit` program of a linearised graph; `how[i]` says how leaf i arrives:
+    `_KEPT`/`_DONATED` array inputs, `_BAKED` (the next of the constants `baked`) or
+    `_FLOATS` (the next element of one vector input holding every changing float: one
+    transfer per step instead of one per float)."""
     plan = [(n.fn, refs, n.name) for n, (_, refs) in zip(order, parts)]
     del order
 
-    def program(donated, kept):
+    def program(donated, kept, floats):
         _M.compiles += 1  # runs once per trace
-        its = (iter(kept), iter(donated), iter(baked))
+        its = (iter(kept), iter(donated), iter(baked), _weak_scalars(floats))
         leaves = [next(its[h]) for h in how]
         vals = []
         for fn, refs, name in plan:
@@ -559,7 +569,17 @@ def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], 
     return jax.jit(program, donate_argnums=0 if _DONATED in how else ())
 
 
-_DONATE = os.environ.get("JAXTORCH_LAZY_DONATE", "1") != "0"
+# Donate the inputs only the graph holds: "1" always, "0" never, unset/"auto" off the CPU
+# only. On the CPU donation buys memory but costs time: XLA copies each aliased parameter
+# before the program reads it, and dispatching a GPT-2 step with its ~80 donated buffers
+# took ~13 ms instead of ~2 ms (benchmarks/README.md, issue 15).
+_DONATE_ENV = os.environ.get("JAXTORCH_LAZY_DONATE", "auto")
+
+
+def _donating() -> bool:
+    if _DONATE_ENV in ("0", "1"):
+        return _DONATE_ENV == "1"
+    return jax.default_backend() != "cpu"
 
 
 def materialize(targets: list[LazyArray], reason: str | None = None, donate: bool = False) -> None:
@@ -579,7 +599,7 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
         return
     with _lock:
         order, leaves, uses, sites, outs, key = _linearize(pending)
-        mask = _donatable(leaves, uses) if donate and _DONATE else (False,) * len(leaves)
+        mask = _donatable(leaves, uses) if donate and _donating() else (False,) * len(leaves)
         dynamic, static = _float_plan(leaves, sites)
         key = (key, mask, dynamic, static)
         prog = _PROGRAMS.get(key)
@@ -595,7 +615,7 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
                 _PROGRAMS.clear()
             how, fl = [], iter(dynamic)
             for x, d in zip(leaves, mask):
-                how.append(_DONATED if d else _KEPT if type(x) is not float or next(fl) else _BAKED)
+                how.append(_DONATED if d else _KEPT if type(x) is not float else _FLOATS if next(fl) else _BAKED)
             baked = [x for x, h in zip(leaves, how) if h == _BAKED]
             prog = _PROGRAMS[key] = _build(order, outs, key[0][0], tuple(how), baked)
             new = True
@@ -603,19 +623,22 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
             _M.cache_hits += 1
             new = False
         del order
-        donated, kept, fl = [], [], iter(dynamic)
+        donated, kept, floats, fl = [], [], [], iter(dynamic)
         for x, d in zip(leaves, mask):
             if d:
                 donated.append(x)
-            elif type(x) is not float or next(fl):
+            elif type(x) is not float:
                 kept.append(x)
+            elif next(fl):
+                floats.append(x)
         del leaves
+        floats = np.asarray(floats, dtype=jax.dtypes.canonicalize_dtype(np.float64))
         if new:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                values = prog(donated, kept)
+                values = prog(donated, kept, floats)
         else:
-            values = prog(donated, kept)
+            values = prog(donated, kept, floats)
         dt = time.perf_counter() - t0
         if new:  # the first run includes tracing and compiling
             _M.compile_seconds += dt
