@@ -270,18 +270,27 @@ def _lowering_fn(lowering: Callable, skel_a, skel_k) -> Callable:
     return fn
 
 
-def _positional_fn(lowering: Callable, sig: list) -> Callable:
+def _positional_fn(lowering: Callable, sig: list, kwnames: tuple) -> Callable:
+    nk = len(kwnames)
+
     def fn(*arrays):
         it = iter(arrays)
+        vals = [next(it) if s is None else s[2] for s in sig]
         with matmul_precision():
-            return lowering(*[next(it) if s is None else s[1] for s in sig])
+            if nk:
+                return lowering(*vals[:-nk], **dict(zip(kwnames, vals[-nk:])))
+            return lowering(*vals)
 
     return fn
 
 
-def _flat(func, lowering: Callable, jargs: list):
-    """The common call (arrays, floats, ints, bools, None; no kwargs) keyed without recursion:
-    (kind, dynamic inputs), or None for anything else."""
+_SIMPLE = (int, bool, float, type(None), str)
+
+
+def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
+    """The common call (arrays, scalars, strings, None, lists of ints/bools as positional
+    or keyword arguments) keyed without recursion: (kind, dynamic inputs), or None for
+    anything else (nested arrays, other objects: `_split`'s general path)."""
     arrays = False
     for a in jargs:
         t = type(a)
@@ -291,19 +300,27 @@ def _flat(func, lowering: Callable, jargs: list):
     floats = arrays and func not in _STATIC_FLOATS
     sig: list = []
     dyn: list = []
-    for a in jargs:
+    kwnames = tuple(jkwargs)
+    for a in (*jargs, *jkwargs.values()) if kwnames else jargs:
         t = type(a)
         if t is LazyArray or t is _ArrayImpl or (floats and t is float):
             dyn.append(a)
             sig.append(None)
-        elif t is int or t is bool or t is float or a is None:
-            sig.append((t, a))
+        elif t in _SIMPLE:
+            sig.append((t, a.hex() if t is float else a, a))  # (0.0 and -0.0 differ)
+        elif t is list or t is tuple:
+            types = tuple(map(type, a))
+            for b in types:
+                if b is not int and b is not bool:
+                    return None
+            v = tuple(a)
+            sig.append((t, (v, types), t(v)))  # ([1, 0] and [True, False] differ)
         else:
             return None
-    key = ("flat", func, tuple(sig))
+    key = ("flat", func, tuple(s if s is None else s[:2] for s in sig), kwnames)
     entry = _KINDS.get(key)
     if entry is None:
-        entry = _kind(key, lambda: _positional_fn(lowering, sig))
+        entry = _kind(key, lambda: _positional_fn(lowering, sig, kwnames))
     return entry, dyn
 
 
@@ -315,12 +332,11 @@ def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: st
     """
     if name is None:
         name = func.name()
-    if not jkwargs:
-        flat = _flat(func, lowering, jargs)
-        if flat is not None:
-            out = _record(flat[0], flat[1], name)
-            if out is not _EAGER:
-                return out  # (otherwise the general path below decides)
+    flat = _flat(func, lowering, jargs, jkwargs)
+    if flat is not None:
+        out = _record(flat[0], flat[1], name)
+        if out is not _EAGER:
+            return out  # (otherwise the general path below decides)
     floats = func not in _STATIC_FLOATS and any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
     while True:
         dyn: list = []
