@@ -508,7 +508,7 @@ def _to_copy(args, kwargs):
 def _copy_(args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, JaxTensor):
-        if not isinstance(src, JaxTensor) and src.numel() == 0:
+        if not isinstance(src, JaxTensor) and src.numel() == 0 and _jax_core.trace_state_clean():
             write(dst, _zero_size(tuple(src.shape), scalar_jax_dtype(src.dtype)))
         else:
             write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
@@ -649,8 +649,9 @@ _ZERO_SIZE: dict = {}  # (shape, dtype) -> a zero-element array (immutable, data
 
 
 def _zero_size(shape: tuple, dtype):
-    """One shared zero-element array per shape and dtype (Hugging Face's caches make four
-    `torch.tensor([])` per forward; a JAX dispatch each cost ~8% of a lazy step's recording)."""
+    """One shared zero-element array per shape and dtype, outside JAX traces (Hugging Face's
+    caches make four `torch.tensor([])` per forward; a JAX dispatch each cost ~8% of a lazy
+    step's recording)."""
     key = (shape, dtype)
     a = _ZERO_SIZE.get(key)
     if a is None:
@@ -665,7 +666,7 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
 
     dtype = dtype or torch.get_default_dtype()
     size = tuple(size)
-    if 0 in size:
+    if 0 in size and _jax_core.trace_state_clean():  # (traced: a fresh value of the trace)
         return JaxTensor(_zero_size(size, scalar_jax_dtype(dtype)))
     return JaxTensor(jnp.zeros(size, scalar_jax_dtype(dtype) if not size else to_jax_dtype(dtype)))
 
@@ -677,7 +678,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 def _copy_from(src, dst, non_blocking=False):
     """Device copies that reach the backend with Python dispatch excluded (e.g. in `torch.tensor`)."""
     if isinstance(dst, JaxTensor):
-        if not isinstance(src, JaxTensor) and src.numel() == 0:
+        if not isinstance(src, JaxTensor) and src.numel() == 0 and _jax_core.trace_state_clean():
             write(dst, _zero_size(tuple(src.shape), scalar_jax_dtype(src.dtype)))
         else:
             write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
