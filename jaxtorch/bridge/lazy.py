@@ -16,9 +16,13 @@ Execution points:
 
 A program is keyed by the graph's structure: each node's op and static arguments, how
 nodes connect, and the shapes/dtypes/shardings of the leaf arrays (parameters, grads,
-optimizer state, batches, PRNG keys, Python floats such as a learning rate). Leaves are
-program inputs, never constants, so a steady training loop hits the cache from its third
-step on (step 1 creates optimizer state, step 2 is the steady shape). `metrics()` and
+optimizer state, batches, PRNG keys). Leaf arrays are program inputs, never constants, so
+a steady training loop hits the cache from its third step on (step 1 creates optimizer
+state, step 2 is the steady shape). Python floats are constants of the program (XLA folds
+them: `x ** 3.0` is two multiplies) until one changes value between executions (a
+learning rate, AdamW's bias corrections): from then on that float is an input, all such
+floats in one vector; the values of the constant floats are part of the key, so a new
+value never reuses an old program. `metrics()` and
 `metrics_report()` count compilations, cache hits, executions and unplanned executions
 with the op and source line that forced each.
 
