@@ -79,34 +79,42 @@ def main() -> None:
 
     lz_model, lz_opt = make(args.layers, args.seq, "jax")
 
+    parts: dict[str, list[float]] = {}  # row -> [launch, wait] seconds of each waited step
+
     def lazy_step(wait: bool):
         with jaxtorch.lazy():
             t0 = time.perf_counter()
             loss = step(lz_model, lz_opt, ids)
-            record.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            record.append(t1 - t0)
             xm.mark_step()
         if wait:
+            t2 = time.perf_counter()
             loss.jax().block_until_ready()
+            parts.setdefault("lazy", []).append((t2 - t1, time.perf_counter() - t2))
 
-    def waiting(run_step):
+    def waiting(name, run_step):
         """A row's step: `run_step()` returns the loss; `wait` blocks on it."""
         def run(wait: bool):
+            t0 = time.perf_counter()
             loss = run_step()
             if wait:
+                t1 = time.perf_counter()
                 loss.item() if loss.device.type == "cpu" else loss.jax().block_until_ready()
+                parts.setdefault(name, []).append((t1 - t0, time.perf_counter() - t1))
         return run
 
     runs["lazy"] = lazy_step
     if "jit" not in skip:
         jt_model, jt_opt = make(args.layers, args.seq, "jax")
         compiled = jaxtorch.jit(step)
-        runs["jaxtorch.jit"] = waiting(lambda: compiled(jt_model, jt_opt, ids))
+        runs["jaxtorch.jit"] = waiting("jaxtorch.jit", lambda: compiled(jt_model, jt_opt, ids))
     if "eager" not in skip:
         eg_model, eg_opt = make(args.layers, args.seq, "jax")
-        runs["eager mode"] = waiting(lambda: step(eg_model, eg_opt, ids))
+        runs["eager mode"] = waiting("eager mode", lambda: step(eg_model, eg_opt, ids))
     if "torch" not in skip:
         tc_model, tc_opt = make(args.layers, args.seq, "cpu")
-        runs["eager PyTorch CPU"] = waiting(lambda: step(tc_model, tc_opt, ids_cpu))
+        runs["eager PyTorch CPU"] = waiting("eager PyTorch CPU", lambda: step(tc_model, tc_opt, ids_cpu))
 
     xm.clear_metrics()
     first = {}
@@ -119,6 +127,7 @@ def main() -> None:
             if name == "lazy":
                 compiles_by_step.append(xm.metrics().compiles)
     record.clear()
+    parts.clear()
     times: dict[str, list[float]] = {name: [] for name in runs}
     n = args.sync_every
     for _ in range(args.steps):
@@ -144,6 +153,13 @@ def main() -> None:
           f"{m.cache_hits} cache hits; unplanned executions {sum(m.unplanned.values())}")
     print(f"lazy: recording {rec * 1e3:.1f} ms/step = {rec / med['lazy'] * 100:.0f}% of the step "
           f"({m.ops_recorded[-1]} ops recorded per step)")
+    for name in ("lazy", "jaxtorch.jit"):
+        if name in parts:
+            launch = statistics.median(p[0] for p in parts[name]) * 1e3
+            wait = statistics.median(p[1] for p in parts[name]) * 1e3
+            what = "recording excluded: mark_step" if name == "lazy" else "the call"
+            print(f"{name}: waited steps: launch ({what}) {launch:.1f} ms + waiting for the loss {wait:.1f} ms "
+                  f"(medians)")
     print(xm.metrics_report())
 
 
