@@ -508,10 +508,7 @@ def _to_copy(args, kwargs):
 def _copy_(args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, JaxTensor):
-        if not isinstance(src, JaxTensor) and src.numel() == 0 and _jax_core.trace_state_clean():
-            write(dst, _zero_size(tuple(src.shape), scalar_jax_dtype(src.dtype)))
-        else:
-            write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
         return dst
     # jax -> cpu copy into a plain tensor
     _cpu_write(aten.copy_.default, dst)
@@ -645,30 +642,11 @@ class JaxFunctionMode(TorchFunctionMode):
 
 # ---- factory kernels for the jax device, so `torch.empty(..., device="jax")` and the
 # composite factories built on it work with or without the modes ---------------------------
-_ZERO_SIZE: dict = {}  # (shape, dtype) -> a zero-element array (immutable, data-free: shared)
-
-
-def _zero_size(shape: tuple, dtype):
-    """One shared zero-element array per shape and dtype, outside JAX traces (Hugging Face's
-    caches make four `torch.tensor([])` per forward; a JAX dispatch each cost ~8% of a lazy
-    step's recording)."""
-    key = (shape, dtype)
-    a = _ZERO_SIZE.get(key)
-    if a is None:
-        import jax.numpy as jnp
-
-        a = _ZERO_SIZE[key] = jnp.zeros(shape, dtype)
-    return a
-
-
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     import jax.numpy as jnp
 
     dtype = dtype or torch.get_default_dtype()
-    size = tuple(size)
-    if 0 in size and _jax_core.trace_state_clean():  # (traced: a fresh value of the trace)
-        return JaxTensor(_zero_size(size, scalar_jax_dtype(dtype)))
-    return JaxTensor(jnp.zeros(size, scalar_jax_dtype(dtype) if not size else to_jax_dtype(dtype)))
+    return JaxTensor(jnp.zeros(tuple(size), scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -678,10 +656,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 def _copy_from(src, dst, non_blocking=False):
     """Device copies that reach the backend with Python dispatch excluded (e.g. in `torch.tensor`)."""
     if isinstance(dst, JaxTensor):
-        if not isinstance(src, JaxTensor) and src.numel() == 0 and _jax_core.trace_state_clean():
-            write(dst, _zero_size(tuple(src.shape), scalar_jax_dtype(src.dtype)))
-        else:
-            write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
     else:
         _cpu_write(aten._copy_from.default, dst)
         dst.copy_(array_to_torch(src._concrete("copy to a CPU tensor")))

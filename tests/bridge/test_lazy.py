@@ -146,14 +146,6 @@ def test_python_floats_are_constants_until_they_change_then_inputs():
     assert m.floats_made_inputs == 1 and m.float_inputs == 1, xm.metrics_report()
 
 
-def test_zero_element_tensors_share_an_array_but_not_their_writes():
-    a = torch.tensor([], device="jax")
-    b = torch.tensor([], device="jax")
-    assert a._raw() is b._raw()  # one immutable zero-element array
-    a.resize_(2).fill_(1.0)
-    assert b.shape == (0,) and a.tolist() == [1.0, 1.0]
-
-
 # ---- execution points ------------------------------------------------------------------------
 def test_ops_are_pending_until_mark_step_then_one_program():
     x = torch.randn(4, 3, device="jax")
