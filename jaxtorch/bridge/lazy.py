@@ -376,6 +376,14 @@ def apply(key, fn: Callable, *inputs):
     return out
 
 
+def nullary(key, fn: Callable):
+    """Record `fn()`, a value with no inputs (`torch.empty` on the device); `key` (hashable)
+    identifies `fn`. Recording it instead of running it keeps the step free of JAX
+    dispatches, which on the CPU wait for the previous step's program to finish."""
+    out = _record(_kind(key, lambda: fn), [], str(key[0]))
+    return fn() if out is _EAGER else out
+
+
 def _fallback(func, lowering, jargs, jkwargs, why: str):
     name = func.name()
     with _lock:

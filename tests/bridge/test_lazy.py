@@ -146,6 +146,18 @@ def test_python_floats_are_constants_until_they_change_then_inputs():
     assert m.floats_made_inputs == 1 and m.float_inputs == 1, xm.metrics_report()
 
 
+def test_device_factories_are_recorded_not_dispatched():
+    """`torch.empty`/`torch.tensor([])` on the device (Hugging Face's cache makes four per
+    forward) are pending values: a JAX dispatch while recording would wait for the previous
+    step's program on the CPU."""
+    with jaxtorch.lazy():
+        e = torch.empty(0, 4, device="jax")
+        z = torch.empty(3, device="jax").zero_() + 1
+        assert _pending(e) and _pending(z) and xm.metrics().executions == 0
+        xm.mark_step()
+    assert e.shape == (0, 4) and z.tolist() == [1.0, 1.0, 1.0]
+
+
 # ---- execution points ------------------------------------------------------------------------
 def test_ops_are_pending_until_mark_step_then_one_program():
     x = torch.randn(4, 3, device="jax")
