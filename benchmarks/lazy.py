@@ -14,8 +14,15 @@ slows all alike), medians reported as ratios to the lazy step:
 Also printed: compilations after the third lazy step (target 0) and the recording cost
 (Python time from the start of the step to `mark_step`) as a share of the lazy step.
 
+Every row waits for its loss at the same points: after every step by default (the lazy
+step then pays its recording on top of the program), or, with `--sync-every N`, after
+every N steps, as a loop that logs the loss every N steps does (JAX dispatches each
+program asynchronously, so the lazy loop records step k+1 while step k runs, and
+`jaxtorch.jit`'s Python overhead overlaps too); a sample is then N steps, reported per step.
+
     python benchmarks/lazy.py                 # 4 layers, 8x128, 5 timed steps
     python benchmarks/lazy.py --steps 10 --layers 2
+    python benchmarks/lazy.py --sync-every 5  # 5 samples of 5 steps each
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--skip", default="", help="comma-separated: eager,torch,jit")
+    parser.add_argument("--sync-every", type=int, default=1,
+                        help="steps per timed sample; every row waits for its loss once per sample")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     g = torch.Generator().manual_seed(0)
@@ -70,25 +79,42 @@ def main() -> None:
 
     lz_model, lz_opt = make(args.layers, args.seq, "jax")
 
-    def lazy_step():
+    parts: dict[str, list[float]] = {}  # row -> [launch, wait] seconds of each waited step
+
+    def lazy_step(wait: bool):
         with jaxtorch.lazy():
             t0 = time.perf_counter()
             loss = step(lz_model, lz_opt, ids)
-            record.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            record.append(t1 - t0)
             xm.mark_step()
-        loss.jax().block_until_ready()
+        if wait:
+            t2 = time.perf_counter()
+            loss.jax().block_until_ready()
+            parts.setdefault("lazy", []).append((t2 - t1, time.perf_counter() - t2))
+
+    def waiting(name, run_step):
+        """A row's step: `run_step()` returns the loss; `wait` blocks on it."""
+        def run(wait: bool):
+            t0 = time.perf_counter()
+            loss = run_step()
+            if wait:
+                t1 = time.perf_counter()
+                loss.item() if loss.device.type == "cpu" else loss.jax().block_until_ready()
+                parts.setdefault(name, []).append((t1 - t0, time.perf_counter() - t1))
+        return run
 
     runs["lazy"] = lazy_step
     if "jit" not in skip:
         jt_model, jt_opt = make(args.layers, args.seq, "jax")
         compiled = jaxtorch.jit(step)
-        runs["jaxtorch.jit"] = lambda: compiled(jt_model, jt_opt, ids).jax().block_until_ready()
+        runs["jaxtorch.jit"] = waiting("jaxtorch.jit", lambda: compiled(jt_model, jt_opt, ids))
     if "eager" not in skip:
         eg_model, eg_opt = make(args.layers, args.seq, "jax")
-        runs["eager mode"] = lambda: step(eg_model, eg_opt, ids).jax().block_until_ready()
+        runs["eager mode"] = waiting("eager mode", lambda: step(eg_model, eg_opt, ids))
     if "torch" not in skip:
         tc_model, tc_opt = make(args.layers, args.seq, "cpu")
-        runs["eager PyTorch CPU"] = lambda: step(tc_model, tc_opt, ids_cpu).item()
+        runs["eager PyTorch CPU"] = waiting("eager PyTorch CPU", lambda: step(tc_model, tc_opt, ids_cpu))
 
     xm.clear_metrics()
     first = {}
@@ -96,24 +122,28 @@ def main() -> None:
     for i in range(args.warmup):
         for name, run in runs.items():
             t0 = time.perf_counter()
-            run()
+            run(True)
             first.setdefault(name, []).append(time.perf_counter() - t0)
             if name == "lazy":
                 compiles_by_step.append(xm.metrics().compiles)
     record.clear()
+    parts.clear()
     times: dict[str, list[float]] = {name: [] for name in runs}
+    n = args.sync_every
     for _ in range(args.steps):
         for name, run in runs.items():
             t0 = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t0)
-            if name == "lazy":
-                compiles_by_step.append(xm.metrics().compiles)
+            for j in range(n):
+                run(j == n - 1)
+                if name == "lazy":
+                    compiles_by_step.append(xm.metrics().compiles)
+            times[name].append((time.perf_counter() - t0) / n)
     m = xm.metrics()
     med = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"GPT-2 {args.layers}x256, batch {args.batch}x{args.seq}, AdamW, backward + step + mark_step; "
           f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
-          f"{args.steps} timed steps after {args.warmup} warm-up, interleaved")
+          f"{args.steps} timed samples of {n} step(s) (loss waited for once per sample) after {args.warmup} "
+          f"warm-up steps, interleaved; load average {os.getloadavg()[0]:.1f}")
     for name, ts in times.items():
         print(f"{name:>18}: median {med[name] * 1e3:8.1f} ms/step (range {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}); "
               f"warm-up steps {', '.join(f'{t:.1f}' for t in first[name])} s; lazy / this {med['lazy'] / med[name]:.2f}x")
@@ -123,6 +153,13 @@ def main() -> None:
           f"{m.cache_hits} cache hits; unplanned executions {sum(m.unplanned.values())}")
     print(f"lazy: recording {rec * 1e3:.1f} ms/step = {rec / med['lazy'] * 100:.0f}% of the step "
           f"({m.ops_recorded[-1]} ops recorded per step)")
+    for name in ("lazy", "jaxtorch.jit"):
+        if name in parts:
+            launch = statistics.median(p[0] for p in parts[name]) * 1e3
+            wait = statistics.median(p[1] for p in parts[name]) * 1e3
+            what = "recording excluded: mark_step" if name == "lazy" else "the call"
+            print(f"{name}: waited steps: launch ({what}) {launch:.1f} ms + waiting for the loss {wait:.1f} ms "
+                  f"(medians)")
     print(xm.metrics_report())
 
 

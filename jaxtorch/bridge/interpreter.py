@@ -646,7 +646,11 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
     import jax.numpy as jnp
 
     dtype = dtype or torch.get_default_dtype()
-    return JaxTensor(jnp.zeros(tuple(size), scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)))
+    size = tuple(size)
+    jd = scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)
+    if _LAZY_ON[0] and _jax_core.trace_state_clean():  # recorded, not dispatched (see lazy.nullary)
+        return JaxTensor(lazy.nullary(("empty", size, jd), lambda: jnp.zeros(size, jd)))
+    return JaxTensor(jnp.zeros(size, jd))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):

@@ -16,9 +16,13 @@ Execution points:
 
 A program is keyed by the graph's structure: each node's op and static arguments, how
 nodes connect, and the shapes/dtypes/shardings of the leaf arrays (parameters, grads,
-optimizer state, batches, PRNG keys, Python floats such as a learning rate). Leaves are
-program inputs, never constants, so a steady training loop hits the cache from its third
-step on (step 1 creates optimizer state, step 2 is the steady shape). `metrics()` and
+optimizer state, batches, PRNG keys). Leaf arrays are program inputs, never constants, so
+a steady training loop hits the cache from its third step on (step 1 creates optimizer
+state, step 2 is the steady shape). Python floats are constants of the program (XLA folds
+them: `x ** 3.0` is two multiplies) until one changes value between executions (a
+learning rate, AdamW's bias corrections): from then on that float is an input, all such
+floats in one vector; the values of the constant floats are part of the key, so a new
+value never reuses an old program. `metrics()` and
 `metrics_report()` count compilations, cache hits, executions and unplanned executions
 with the op and source line that forced each.
 
@@ -46,10 +50,12 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax._src.lax.lax import _convert_element_type
 
 from . import eager
 from .precision import matmul_precision
@@ -125,7 +131,10 @@ class LazyMetrics:
     - `unplanned`: reason (forcing op and source line) -> count, for executions not made
       by `mark_step` (value reads, data-dependent ops, graph limit);
     - `fallbacks`: op -> count of ops run eagerly because they cannot be recorded;
-    - `compile_seconds` / `execute_seconds`: wall time spent tracing+compiling / running.
+    - `compile_seconds` / `execute_seconds`: wall time spent tracing+compiling / running;
+    - `floats_made_inputs`: Python-float sites that changed value and so became program
+      inputs (the others are baked in as constants; each change compiles once);
+    - `float_inputs`: Python floats passed as inputs to the last executed program.
     """
 
     compiles: int = 0
@@ -138,6 +147,8 @@ class LazyMetrics:
     fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     compile_seconds: float = 0.0
     execute_seconds: float = 0.0
+    floats_made_inputs: int = 0
+    float_inputs: int = 0
 
 
 _M = LazyMetrics()
@@ -178,6 +189,8 @@ def metrics_report() -> str:
         f"run time {m.execute_seconds:.2f}s)",
         f"ops recorded per step (last {len(steps)}): {steps}",
         f"graph sizes (last 5): {m.graph_sizes[-5:]}",
+        f"Python floats: {m.float_inputs} program inputs in the last program; "
+        f"{m.floats_made_inputs} sites made inputs after a change (the rest are constants)",
     ]
     if m.unplanned:
         lines.append("unplanned executions (what forced them):")
@@ -261,18 +274,27 @@ def _lowering_fn(lowering: Callable, skel_a, skel_k) -> Callable:
     return fn
 
 
-def _positional_fn(lowering: Callable, sig: list) -> Callable:
+def _positional_fn(lowering: Callable, sig: list, kwnames: tuple) -> Callable:
+    nk = len(kwnames)
+
     def fn(*arrays):
         it = iter(arrays)
+        vals = [next(it) if s is None else s[2] for s in sig]
         with matmul_precision():
-            return lowering(*[next(it) if s is None else s[1] for s in sig])
+            if nk:
+                return lowering(*vals[:-nk], **dict(zip(kwnames, vals[-nk:])))
+            return lowering(*vals)
 
     return fn
 
 
-def _flat(func, lowering: Callable, jargs: list):
-    """The common call (arrays, floats, ints, bools, None; no kwargs) keyed without recursion:
-    (kind, dynamic inputs), or None for anything else."""
+_SIMPLE = (int, bool, float, type(None), str)
+
+
+def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
+    """The common call (arrays, scalars, strings, None, lists of ints/bools as positional
+    or keyword arguments) keyed without recursion: (kind, dynamic inputs), or None for
+    anything else (nested arrays, other objects: `_split`'s general path)."""
     arrays = False
     for a in jargs:
         t = type(a)
@@ -282,19 +304,27 @@ def _flat(func, lowering: Callable, jargs: list):
     floats = arrays and func not in _STATIC_FLOATS
     sig: list = []
     dyn: list = []
-    for a in jargs:
+    kwnames = tuple(jkwargs)
+    for a in (*jargs, *jkwargs.values()) if kwnames else jargs:
         t = type(a)
         if t is LazyArray or t is _ArrayImpl or (floats and t is float):
             dyn.append(a)
             sig.append(None)
-        elif t is int or t is bool or t is float or a is None:
-            sig.append((t, a))
+        elif t in _SIMPLE:
+            sig.append((t, a.hex() if t is float else a, a))  # (0.0 and -0.0 differ)
+        elif t is list or t is tuple:
+            types = tuple(map(type, a))
+            for b in types:
+                if b is not int and b is not bool:
+                    return None
+            v = tuple(a)
+            sig.append((t, (v, types), t(v)))  # ([1, 0] and [True, False] differ)
         else:
             return None
-    key = ("flat", func, tuple(sig))
+    key = ("flat", func, tuple(s if s is None else s[:2] for s in sig), kwnames)
     entry = _KINDS.get(key)
     if entry is None:
-        entry = _kind(key, lambda: _positional_fn(lowering, sig))
+        entry = _kind(key, lambda: _positional_fn(lowering, sig, kwnames))
     return entry, dyn
 
 
@@ -306,12 +336,11 @@ def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: st
     """
     if name is None:
         name = func.name()
-    if not jkwargs:
-        flat = _flat(func, lowering, jargs)
-        if flat is not None:
-            out = _record(flat[0], flat[1], name)
-            if out is not _EAGER:
-                return out  # (otherwise the general path below decides)
+    flat = _flat(func, lowering, jargs, jkwargs)
+    if flat is not None:
+        out = _record(flat[0], flat[1], name)
+        if out is not _EAGER:
+            return out  # (otherwise the general path below decides)
     floats = func not in _STATIC_FLOATS and any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
     while True:
         dyn: list = []
@@ -345,6 +374,14 @@ def apply(key, fn: Callable, *inputs):
     if out is _EAGER:
         return fn(*force_tree(list(inputs), f"{key[0]} (not recordable)"))
     return out
+
+
+def nullary(key, fn: Callable):
+    """Record `fn()`, a value with no inputs (`torch.empty` on the device); `key` (hashable)
+    identifies `fn`. Recording it instead of running it keeps the step free of JAX
+    dispatches, which on the CPU wait for the previous step's program to finish."""
+    out = _record(_kind(key, lambda: fn), [], str(key[0]))
+    return fn() if out is _EAGER else out
 
 
 def _fallback(func, lowering, jargs, jkwargs, why: str):
@@ -429,6 +466,8 @@ def _linearize(targets: list[LazyArray]):
     leaves: list = []
     leaf_pos: dict[int, int] = {}
     uses: list[int] = []  # per leaf: how many node inputs hold it directly
+    sites: list = []  # per Python-float leaf (in leaf order): (kid, occurrence of kid, input position)
+    kid_seen: dict[int, int] = {}
     lazy_t = LazyArray
     for t in targets:
         stack = [t.node]
@@ -446,7 +485,8 @@ def _linearize(targets: list[LazyArray]):
                 continue
             stack.pop()
             refs = []
-            for x in n.inputs:
+            occ = -1
+            for j, x in enumerate(n.inputs):
                 direct = 1
                 if type(x) is lazy_t:
                     v = x.value
@@ -455,6 +495,10 @@ def _linearize(targets: list[LazyArray]):
                         continue
                     x, direct = v, 0
                 if type(x) is float:
+                    if occ < 0:
+                        occ = kid_seen.get(n.kid, 0)
+                        kid_seen[n.kid] = occ + 1
+                    sites.append((n.kid, occ, j))
                     leaves.append(x)
                     uses.append(direct)
                     refs.append(-len(leaves))
@@ -471,7 +515,43 @@ def _linearize(targets: list[LazyArray]):
             parts.append((n.kid, tuple(refs)))
     outs = tuple((node_pos[id(t.node)], t.index) for t in targets)
     key = (tuple(parts), tuple(_leaf_aval(x) for x in leaves), outs)
-    return order, leaves, uses, outs, key
+    return order, leaves, uses, sites, outs, key
+
+
+# Python floats (a GELU's 0.5, a softmax scale, a `pow` exponent, AdamW's betas and its
+# per-step bias corrections) are baked into a program as constants, so XLA folds them (a
+# `pow(x, 3.0)` becomes two multiplies), until one changes: then that float's site (the
+# op kind, its occurrence in the graph, the argument position) becomes a program input
+# for good. A steady loop's per-step floats (AdamW's step sizes) differ between its first
+# and second step, which compile anyway, so from the third step on nothing compiles.
+_VARYING = object()
+_FLOAT_SITES: dict[Any, Any] = {}  # site -> the value seen (as float.hex) or _VARYING
+
+
+def _float_plan(leaves: list, sites: list) -> tuple[tuple[bool, ...], tuple[str, ...]]:
+    """(per float leaf: whether it is a program input, hex of the floats baked in)."""
+    dynamic = []
+    static = []
+    table = _FLOAT_SITES
+    i = 0
+    for x in leaves:
+        if type(x) is not float:
+            continue
+        site = sites[i]
+        i += 1
+        h = x.hex()
+        seen = table.get(site)
+        if seen is None:
+            table[site] = h
+        elif seen is not _VARYING and seen != h:
+            table[site] = seen = _VARYING
+            _M.floats_made_inputs += 1
+        if seen is _VARYING:
+            dynamic.append(True)
+        else:
+            dynamic.append(False)
+            static.append(h)
+    return tuple(dynamic), tuple(static)
 
 
 def _donatable(leaves: list, uses: list[int]) -> tuple[bool, ...]:
@@ -486,14 +566,27 @@ def _donatable(leaves: list, uses: list[int]) -> tuple[bool, ...]:
     return tuple(mask)
 
 
-def _build(order: list[_Node], outs: tuple, parts: tuple, mask: tuple[bool, ...]) -> Callable:
+_KEPT, _DONATED, _BAKED, _FLOATS = 0, 1, 2, 3  # how a leaf reaches the program
+
+
+def _weak_scalars(vector) -> Iterator:
+    """The elements of `vector` as weakly typed scalars, as JAX traces a Python float."""
+    for i in range(vector.shape[0]):
+        yield _convert_element_type(vector[i], weak_type=True)
+
+
+def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], baked: list) -> Callable:
+    """The `jax.jit` program of a linearised graph; `how[i]` says how leaf i arrives:
+    `_KEPT`/`_DONATED` array inputs, `_BAKED` (the next of the constants `baked`) or
+    `_FLOATS` (the next element of one vector input holding every changing float: one
+    transfer per step instead of one per float)."""
     plan = [(n.fn, refs, n.name) for n, (_, refs) in zip(order, parts)]
     del order
 
-    def program(donated, kept):
+    def program(donated, kept, floats):
         _M.compiles += 1  # runs once per trace
-        its = (iter(kept), iter(donated))
-        leaves = [next(its[d]) for d in mask]
+        its = (iter(kept), iter(donated), iter(baked), _weak_scalars(floats))
+        leaves = [next(its[h]) for h in how]
         vals = []
         for fn, refs, name in plan:
             args = [leaves[-1 - r] if type(r) is int else vals[r[0]][r[1]] for r in refs]
@@ -501,10 +594,20 @@ def _build(order: list[_Node], outs: tuple, parts: tuple, mask: tuple[bool, ...]
                 vals.append(jax.tree_util.tree_leaves(fn(*args)))
         return [vals[p][i] for p, i in outs]
 
-    return jax.jit(program, donate_argnums=0 if any(mask) else ())
+    return jax.jit(program, donate_argnums=0 if _DONATED in how else ())
 
 
-_DONATE = os.environ.get("JAXTORCH_LAZY_DONATE", "1") != "0"
+# Donate the inputs only the graph holds: "1" always, "0" never, unset/"auto" off the CPU
+# only. On the CPU donation buys memory but costs time: XLA copies each aliased parameter
+# before the program reads it, and dispatching a GPT-2 step with its ~80 donated buffers
+# took ~13 ms instead of ~2 ms (benchmarks/README.md, issue 15).
+_DONATE_ENV = os.environ.get("JAXTORCH_LAZY_DONATE", "auto")
+
+
+def _donating() -> bool:
+    if _DONATE_ENV in ("0", "1"):
+        return _DONATE_ENV == "1"
+    return jax.default_backend() != "cpu"
 
 
 def materialize(targets: list[LazyArray], reason: str | None = None, donate: bool = False) -> None:
@@ -523,34 +626,47 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
     if not pending:
         return
     with _lock:
-        order, leaves, uses, outs, key = _linearize(pending)
-        mask = _donatable(leaves, uses) if donate and _DONATE else (False,) * len(leaves)
-        key = (key, mask)
+        order, leaves, uses, sites, outs, key = _linearize(pending)
+        mask = _donatable(leaves, uses) if donate and _donating() else (False,) * len(leaves)
+        dynamic, static = _float_plan(leaves, sites)
+        key = (key, mask, dynamic, static)
         prog = _PROGRAMS.get(key)
         if reason is not None:
             _M.unplanned[f"{reason} at {_where()}"] += 1
         _M.executions += 1
         _M.graph_sizes.append(len(order))
+        _M.float_inputs = sum(dynamic)
         del _M.graph_sizes[:-_HISTORY]
         t0 = time.perf_counter()
         if prog is None:
             if len(_PROGRAMS) >= _MAX_PROGRAMS:
                 _PROGRAMS.clear()
-            prog = _PROGRAMS[key] = _build(order, outs, key[0][0], mask)
+            how, fl = [], iter(dynamic)
+            for x, d in zip(leaves, mask):
+                how.append(_DONATED if d else _KEPT if type(x) is not float else _FLOATS if next(fl) else _BAKED)
+            baked = [x for x, h in zip(leaves, how) if h == _BAKED]
+            prog = _PROGRAMS[key] = _build(order, outs, key[0][0], tuple(how), baked)
             new = True
         else:
             _M.cache_hits += 1
             new = False
         del order
-        donated = [x for x, d in zip(leaves, mask) if d]
-        kept = [x for x, d in zip(leaves, mask) if not d]
+        donated, kept, floats, fl = [], [], [], iter(dynamic)
+        for x, d in zip(leaves, mask):
+            if d:
+                donated.append(x)
+            elif type(x) is not float:
+                kept.append(x)
+            elif next(fl):
+                floats.append(x)
         del leaves
+        floats = np.asarray(floats, dtype=jax.dtypes.canonicalize_dtype(np.float64))
         if new:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                values = prog(donated, kept)
+                values = prog(donated, kept, floats)
         else:
-            values = prog(donated, kept)
+            values = prog(donated, kept, floats)
         dt = time.perf_counter() - t0
         if new:  # the first run includes tracing and compiling
             _M.compile_seconds += dt
@@ -693,3 +809,4 @@ def clear_cache() -> None:
         _PROGRAMS.clear()
         _SHAPES.clear()
         _KINDS.clear()
+        _FLOAT_SITES.clear()

@@ -120,6 +120,56 @@ def test_batchnorm_cnn_adamw_loop_matches_eager_and_stops_compiling():
         np.testing.assert_allclose(state[k].numpy(), v.numpy(), rtol=0, atol=1e-5, err_msg=k)
 
 
+def test_python_floats_are_constants_until_they_change_then_inputs():
+    """Floats that stay the same (0.5, the exponent 3.0) are baked into the program; the one
+    that changes (a learning rate) becomes an input at its first change, compiling once; a
+    changed value never reuses a program built with the old constant."""
+    lazy_mod.clear_cache()
+    x0 = torch.randn(16, device="jax")
+    lrs = [0.1, 0.1, 0.1, 0.05, 0.02, 0.01]
+
+    def run():
+        x = x0.clone()
+        for lr in lrs:
+            x.add_((x * 0.5) ** 3.0, alpha=-lr)
+            xm.mark_step()
+        return x.cpu()
+
+    want = run()
+    with jaxtorch.lazy():
+        got = run()
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    m = xm.metrics()
+    # step 1 (with the clone) and step 2 compile with every float constant; step 4's new
+    # learning rate compiles once more, with it as an input; steps 3, 5 and 6 hit
+    assert m.compiles == 3 and m.cache_hits == 3, xm.metrics_report()
+    assert m.floats_made_inputs == 1 and m.float_inputs == 1, xm.metrics_report()
+
+
+def test_device_factories_are_recorded_not_dispatched(monkeypatch):
+    """The backend's `empty` (behind `torch.tensor([], device=...)`: Hugging Face's cache makes
+    four per forward) is recorded, not run: a JAX dispatch while recording waits, on the CPU,
+    for the previous step's program."""
+    import jax
+    from jax._src import core as jax_core
+
+    dispatched = []
+    zeros = jax.numpy.zeros
+
+    def counting(*args, **kwargs):
+        if jax_core.trace_state_clean():  # (shape inference and program tracing are traces)
+            dispatched.append(args)
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(jax.numpy, "zeros", counting)
+    with jaxtorch.lazy():
+        e = torch.tensor([], device="jax")
+        z = torch.empty(3, device="jax").zero_() + 1
+        xm.mark_step()
+    assert not dispatched, dispatched
+    assert e.shape == (0,) and z.tolist() == [1.0, 1.0, 1.0]
+
+
 # ---- execution points ------------------------------------------------------------------------
 def test_ops_are_pending_until_mark_step_then_one_program():
     x = torch.randn(4, 3, device="jax")
