@@ -12,25 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.expected import load_expected
 from tests.opinfo import harness
 
 EXPECTED_FILE = Path(__file__).parent / "opinfo" / "expected_failures.txt"
-
-
-def load_expected() -> dict[tuple[str, str], str]:
-    """`mode entry: reason` lines -> {(mode, entry): reason}."""
-    expected = {}
-    for line in EXPECTED_FILE.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        head, _, reason = line.partition(":")
-        mode, entry = head.split()
-        expected[(mode, entry)] = reason.strip()
-    return expected
-
-
-EXPECTED = load_expected()
+EXPECTED = load_expected(EXPECTED_FILE)
 ENTRIES = harness.entry_by_id()
 
 

@@ -75,8 +75,9 @@ def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> t
 
     Tied weights are one tensor in torch, so writing one name updates every name tied to
     it. Convolution kernels in Flax's layout (`conv1.kernel`, from `conv_layout="flax"`)
-    are transposed back to torch's. Values are converted to each tensor's dtype; sharded arrays are gathered. A
-    module on the `jax` device gets the arrays themselves (no host copy).
+    are transposed back to torch's. Values are converted to each tensor's dtype; sharded
+    arrays are gathered. A module on the `jax` device gets the arrays themselves (no host
+    copy).
 
     **Arguments:**
     - `model`: the module `params` came from (`extract`, `make_train_step`).

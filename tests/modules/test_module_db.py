@@ -12,24 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.expected import load_expected
 from tests.modules import harness
 
 EXPECTED_FILE = Path(__file__).parent / "expected_failures.txt"
-
-
-def load_expected() -> dict[tuple[str, str], str]:
-    """`mode module: reason` lines -> {(mode, module): reason}."""
-    expected = {}
-    for line in EXPECTED_FILE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            head, _, reason = line.partition(": ")
-            mode, name = head.split()
-            expected[(mode, name)] = reason.strip()
-    return expected
-
-
-EXPECTED = load_expected()
+EXPECTED = load_expected(EXPECTED_FILE)
 ENTRIES = harness.entries()
 
 
