@@ -79,12 +79,15 @@ def _fill(skel, it):
     return skel
 
 
-def run(func, lowering: Callable, jargs: list, jkwargs: dict):
-    """`lowering(*jargs, **jkwargs)`, through a cached `jax.jit` when possible."""
+def run(func, lowering: Callable, jargs: list, jkwargs: dict, floats: bool | None = None):
+    """`lowering(*jargs, **jkwargs)`, through a cached `jax.jit` when possible.
+
+    `floats`: whether Python floats are traced (default: when an argument is an array)."""
     if not _ENABLED:
         return lowering(*jargs, **jkwargs)
     dyn: list = []
-    floats = any(isinstance(a, _Array) for a in jargs)
+    if floats is None:
+        floats = any(isinstance(a, _Array) for a in jargs)
     try:
         key_a, skel_a = _split(jargs, dyn, floats)
         key_k, skel_k = _split(tuple(jkwargs.items()), dyn, floats) if jkwargs else ((), ())

@@ -32,7 +32,7 @@ from jax._src import core as _jax_core
 
 from .. import ops as _ops  # noqa: F401  (registers all lowerings)
 from ..ops import registry
-from . import eager, lazy, tracing
+from . import eager, foreach, lazy, tracing
 from . import tensor as _tensor
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
@@ -47,6 +47,7 @@ _ArrayImpl = type(jax.numpy.zeros(()))
 _Lazy = lazy.LazyArray
 _LAZY_ON = lazy.ACTIVE
 _local = threading.local()
+foreach.enable_for_optimizers(JaxTensor)  # AdamW & co. on the jax device: one call per foreach op
 
 
 # ---- thread-local state set by call_torch / enable_globally ------------------------------
@@ -176,8 +177,11 @@ def _functional_sibling(func):
 
 
 # ---- runners --------------------------------------------------------------------------------
-def _lowering_caller(func, lowering) -> Callable:
-    """`call(args, kwargs) -> (out, jargs, jkwargs)` for one op; flags looked up once."""
+def _lowering_caller(func, lowering, floats: bool | None = None) -> Callable:
+    """`call(args, kwargs) -> (out, jargs, jkwargs)` for one op; flags looked up once.
+
+    `floats`: whether Python floats are traced inputs of the cached jit (default: when an
+    argument is an array; see `eager.run`)."""
     random = registry.is_flagged(func, registry.RANDOM)
     data_dependent = registry.is_flagged(func, registry.DATA_DEPENDENT)
     name = func.name()
@@ -196,14 +200,14 @@ def _lowering_caller(func, lowering) -> Callable:
                     return lowering(*jargs, **jkwargs), jargs, jkwargs
             if random or data_dependent:
                 return lowering(*jargs, **jkwargs), jargs, jkwargs
-            return eager_run(func, lowering, jargs, jkwargs), jargs, jkwargs
+            return eager_run(func, lowering, jargs, jkwargs, floats), jargs, jkwargs
         except jax.errors.ConcretizationTypeError as e:
             raise DataDependentError(func, str(e).splitlines()[0]) from e
 
     return call
 
 
-def _lazy_lowering_caller(func, lowering) -> Callable:
+def _lazy_lowering_caller(func, lowering, floats: bool | None = None) -> Callable:
     """`_lowering_caller` for lazy mode: the call is recorded (see `lazy`), not run.
 
     Data-dependent ops run eagerly on executed inputs (their output shape needs values).
@@ -219,7 +223,7 @@ def _lazy_lowering_caller(func, lowering) -> Callable:
         if data_dependent:
             jargs, jkwargs = lazy.force_tree((jargs, jkwargs), f"{name} (output shape depends on values)")
             return lowering(*jargs, **jkwargs), jargs, jkwargs
-        return lazy.call_lowering(func, lowering, jargs, jkwargs, name), jargs, jkwargs
+        return lazy.call_lowering(func, lowering, jargs, jkwargs, name, floats), jargs, jkwargs
 
     return call
 
@@ -407,7 +411,34 @@ def _sibling_compute(func, sibling, mutated, lazy_mode: bool) -> Callable:
     return compute
 
 
+def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Callable) -> Callable:
+    """A foreach op as one call of `multi` over its lists (see `foreach`); the in-place
+    overloads write each result into its list element."""
+    call = (_lazy_lowering_caller if lazy_mode else _lowering_caller)(func, multi, floats=True)
+    inplace = func._schema.name.endswith("_")
+
+    def run(args, kwargs):
+        if not foreach.lists_of_jax_tensors(args, kwargs, JaxTensor):
+            return fallback(args, kwargs)
+        out = call(args, kwargs)[0]
+        if not inplace:
+            return [JaxTensor(o) for o in out]
+        for t, r in zip(args[0], out):
+            write(t, r)
+        return None
+
+    return run
+
+
 def _build_runner(func, lazy_mode: bool = False) -> Callable:
+    if func._schema.name.startswith("aten::_foreach_") and func not in _SPECIAL:
+        multi = foreach.lowering_for(func)
+        if multi is not None and registry.lookup(func) is None:
+            return _make_foreach_runner(func, multi, lazy_mode, _build_op_runner(func, lazy_mode))
+    return _build_op_runner(func, lazy_mode)
+
+
+def _build_op_runner(func, lazy_mode: bool = False) -> Callable:
     special = _SPECIAL.get(func)  # ops the bridge owns (device moves, copies, aliasing) come first
     if special is not None:
         return special

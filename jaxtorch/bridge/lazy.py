@@ -328,9 +328,11 @@ def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
     return entry, dyn
 
 
-def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: str | None = None):
+def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: str | None = None,
+                  floats: bool | None = None):
     """Record `lowering(*jargs, **jkwargs)` (arrays or `LazyArray`s); LazyArray outputs.
 
+    Python floats are inputs of the node when an argument is an array (or when `floats`).
     An unhashable static argument, or a lowering that needs concrete values, runs eagerly
     on executed inputs instead (counted in `metrics().fallbacks`).
     """
@@ -341,7 +343,9 @@ def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: st
         out = _record(flat[0], flat[1], name)
         if out is not _EAGER:
             return out  # (otherwise the general path below decides)
-    floats = func not in _STATIC_FLOATS and any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
+    if floats is None:
+        floats = any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
+    floats = floats and func not in _STATIC_FLOATS
     while True:
         dyn: list = []
         try:

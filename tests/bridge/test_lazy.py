@@ -77,7 +77,7 @@ def _assert_steady(compiles, steps):
     assert m.compiles == 2 and m.cache_hits == steps - 2 and m.executions == steps, xm.metrics_report()
     assert not m.unplanned and not m.fallbacks, xm.metrics_report()
     per_step = m.ops_recorded[1:steps]  # step 1 also creates the optimizer state
-    assert len(set(per_step)) == 1 and per_step[0] > 100, m.ops_recorded  # the same graph every step
+    assert len(set(per_step)) == 1 and per_step[0] > 30, m.ops_recorded  # the same graph every step
 
 
 def test_gpt2_adamw_loop_matches_eager_and_stops_compiling():

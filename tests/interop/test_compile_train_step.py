@@ -35,14 +35,16 @@ def _torch_step(model, opt, x, y):
     return loss
 
 
+# On the jax device (as on CUDA) torch.optim takes its foreach path by default; the CPU
+# reference is told to take it too, since SGD's nesterov step then also writes `p.grad`.
 @pytest.mark.parametrize("make_opt", [
-    lambda p: torch.optim.Adam(p, lr=1e-2),
-    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
-    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+    lambda p, **kw: torch.optim.Adam(p, lr=1e-2, **kw),
+    lambda p, **kw: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, **kw),
+    lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, **kw),
 ], ids=["adam", "adamw", "sgd-momentum"])
 def test_train_step_with_modules_as_arguments_matches_eager_torch(make_opt):
     ref, model = _model(), _model().to("jax")
-    ropt, opt = make_opt(ref.parameters()), make_opt(model.parameters())
+    ropt, opt = make_opt(ref.parameters(), foreach=True), make_opt(model.parameters())
     step = jaxtorch.jit(_torch_step)
     for x, y in _batches(6):
         expected = _torch_step(ref, ropt, x, y)
