@@ -691,6 +691,8 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 def _copy_from(src, dst, non_blocking=False):
     """Device copies that reach the backend with Python dispatch excluded (e.g. in `torch.tensor`)."""
     if isinstance(dst, JaxTensor):
+        if dst.numel() == 0 and tuple(src.shape) == tuple(dst.shape):
+            return dst  # nothing to copy (`torch.tensor([])`: no transfer, nothing recorded)
         write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
     else:
         _cpu_write(aten._copy_from.default, dst)

@@ -92,13 +92,10 @@ class LazyArray:
 
     __slots__ = ("node", "index", "shape", "dtype", "weak_type", "aval", "value", "__weakref__")
 
-    def __init__(self, node: _Node | None, index: int, shape: tuple, dtype, weak_type: bool):
+    def __init__(self, node: _Node | None, index: int, aval: tuple):
         self.node = node
         self.index = index
-        self.shape = shape
-        self.dtype = dtype
-        self.weak_type = weak_type
-        self.aval = (shape, dtype, weak_type)
+        self.shape, self.dtype, self.weak_type = self.aval = aval  # aval: (shape, dtype, weak_type)
         self.value = None
 
     @property
@@ -293,35 +290,44 @@ _SIMPLE = (int, bool, float, type(None), str)
 
 def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
     """The common call (arrays, scalars, strings, None, lists of ints/bools as positional
-    or keyword arguments) keyed without recursion: (kind, dynamic inputs), or None for
-    anything else (nested arrays, other objects: `_split`'s general path)."""
+    or keyword arguments, at least one array) keyed without recursion: (kind, dynamic
+    inputs), or None for anything else (nested arrays, other objects, no array: `_split`'s
+    general path)."""
+    floats = func not in _STATIC_FLOATS
     arrays = False
-    for a in jargs:
-        t = type(a)
-        if t is LazyArray or t is _ArrayImpl:
-            arrays = True
-            break
-    floats = arrays and func not in _STATIC_FLOATS
-    sig: list = []
+    sig: list = []  # per argument: None (a dynamic input) or (type, key, value)
+    keys: list = []
     dyn: list = []
     kwnames = tuple(jkwargs)
     for a in (*jargs, *jkwargs.values()) if kwnames else jargs:
         t = type(a)
-        if t is LazyArray or t is _ArrayImpl or (floats and t is float):
+        if t is LazyArray or t is _ArrayImpl:
+            arrays = True
             dyn.append(a)
             sig.append(None)
+            keys.append(None)
+        elif t is float and floats:
+            dyn.append(a)
+            sig.append(None)
+            keys.append(None)
         elif t in _SIMPLE:
-            sig.append((t, a.hex() if t is float else a, a))  # (0.0 and -0.0 differ)
+            k = (t, a.hex() if t is float else a)  # (0.0 and -0.0 differ)
+            sig.append((*k, a))
+            keys.append(k)
         elif t is list or t is tuple:
             types = tuple(map(type, a))
             for b in types:
                 if b is not int and b is not bool:
                     return None
             v = tuple(a)
-            sig.append((t, (v, types), t(v)))  # ([1, 0] and [True, False] differ)
+            k = (t, (v, types))  # ([1, 0] and [True, False] differ)
+            sig.append((*k, t(v)))
+            keys.append(k)
         else:
             return None
-    key = ("flat", func, tuple(s if s is None else s[:2] for s in sig), kwnames)
+    if not arrays:
+        return None
+    key = ("flat", func, tuple(keys), kwnames)
     entry = _KINDS.get(key)
     if entry is None:
         entry = _kind(key, lambda: _positional_fn(lowering, sig, kwnames))
@@ -425,14 +431,13 @@ def _record(entry, dyn: list, name: str):
     _pending_ops[0] += 1
     outs, treedef = shapes
     node = _Node(kid, fn, tuple(ins), name)
-    arrays = [LazyArray(node, i, s.shape, s.dtype, s.weak_type) for i, s in enumerate(outs)]
     if treedef is None:
-        return arrays[0]
-    return jax.tree_util.tree_unflatten(treedef, arrays)
+        return LazyArray(node, 0, outs[0])
+    return jax.tree_util.tree_unflatten(treedef, [LazyArray(node, i, a) for i, a in enumerate(outs)])
 
 
 def _infer(fn: Callable, ins: list):
-    """(output ShapeDtypeStructs, treedef or None for a single array), or _EAGER."""
+    """(output avals (shape, dtype, weak_type), treedef or None for a single array), or _EAGER."""
     args = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type) if type(x) is LazyArray else x
             for x in ins]
     try:
@@ -442,9 +447,10 @@ def _infer(fn: Callable, ins: list):
     leaves, treedef = jax.tree_util.tree_flatten(out)
     if not all(isinstance(s, jax.ShapeDtypeStruct) for s in leaves):
         return _EAGER
+    avals = tuple((s.shape, s.dtype, s.weak_type) for s in leaves)
     if treedef.num_leaves == 1 and not treedef.children():
-        return leaves, None
-    return leaves, treedef
+        return avals, None
+    return avals, treedef
 
 
 # ---- execution --------------------------------------------------------------------------
@@ -699,14 +705,32 @@ def force_tree(tree, reason: str):
 
 
 # ---- live tensors --------------------------------------------------------------------------
-_TRACKED: dict[int, weakref.ref] = {}  # id -> weakref of every tensor given a LazyArray
+# weakrefs of the tensors given a LazyArray since the last sync (dead ones and repeats
+# included: appending is the cheapest record; `_live` sorts them out, and the list is
+# compacted when it grows past `_compact_at` in a loop that does not sync)
+_TRACKED: list = []
+_compact_at = [100_000]
+_ref = weakref.ref
 
 
 def track(t) -> None:
     """Remember `t` (weakly) as holding a pending value, for `sync`."""
-    k = id(t)
-    if k not in _TRACKED:
-        _TRACKED[k] = weakref.ref(t, lambda r, k=k: _TRACKED.pop(k, None) if _TRACKED.get(k) is r else None)
+    _TRACKED.append(_ref(t))
+    if len(_TRACKED) > _compact_at[0]:
+        with _lock:
+            _TRACKED[:] = [_ref(t) for t in _live(_TRACKED)]
+            _compact_at[0] = max(100_000, 2 * len(_TRACKED))
+
+
+def _live(refs: list) -> list:
+    """The distinct tensors still alive among `refs`."""
+    out, seen = [], set()
+    for r in refs:
+        t = r()
+        if t is not None and id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
 
 
 def sync(reason: str | None = None) -> None:
@@ -721,14 +745,14 @@ def sync(reason: str | None = None) -> None:
         ```
     """
     with _lock:
-        refs = list(_TRACKED.values())
-        _TRACKED.clear()
+        refs = _TRACKED[:]
+        del _TRACKED[:len(refs)]
         if reason is None and (refs or _pending_ops[0]):  # (an empty sync is no step)
             _M.mark_steps += 1
             _M.ops_recorded.append(_pending_ops[0])
             del _M.ops_recorded[:-_HISTORY]
             _pending_ops[0] = 0
-    tensors = [t for t in (r() for r in refs) if t is not None]
+    tensors = _live(refs)
     roots = []
     for t in tensors:
         base = t._jt_base
