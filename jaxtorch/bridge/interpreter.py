@@ -67,7 +67,18 @@ class jax_default_scope:
 
 
 # ---- argument conversion (the only place torch values become JAX values in dispatch) -----
+_PLAIN = frozenset({int, float, bool, type(None), str})
+
+
 def _to_jax_arg(x, func, raw: bool = False):
+    t = type(x)
+    if t in _PLAIN:
+        return x
+    if t is list or t is tuple:
+        for y in x:
+            if type(y) not in _PLAIN:
+                return t(_to_jax_arg(y, func, raw) for y in x)
+        return t(x)
     if isinstance(x, JaxTensor):
         return x._raw() if raw else x.elem
     if isinstance(x, torch.Tensor):

@@ -289,12 +289,12 @@ _SIMPLE = (int, bool, float, type(None), str)
 
 
 def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
-    """The common call (arrays, scalars, strings, None, lists of ints/bools as positional
-    or keyword arguments, at least one array) keyed without recursion: (kind, dynamic
-    inputs), or None for anything else (nested arrays, other objects, no array: `_split`'s
+    """The common call (arrays, scalars, strings, dtypes, None, lists of ints/bools as
+    positional or keyword arguments) keyed without recursion: (kind, dynamic inputs), or
+    None for anything else (nested arrays, other objects, floats with no array: `_split`'s
     general path)."""
     floats = func not in _STATIC_FLOATS
-    arrays = False
+    arrays = dyn_floats = False
     sig: list = []  # per argument: None (a dynamic input) or (type, key, value)
     keys: list = []
     dyn: list = []
@@ -307,10 +307,11 @@ def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
             sig.append(None)
             keys.append(None)
         elif t is float and floats:
+            dyn_floats = True
             dyn.append(a)
             sig.append(None)
             keys.append(None)
-        elif t in _SIMPLE:
+        elif t in _SIMPLE or isinstance(a, np.dtype):
             k = (t, a.hex() if t is float else a)  # (0.0 and -0.0 differ)
             sig.append((*k, a))
             keys.append(k)
@@ -325,8 +326,8 @@ def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
             keys.append(k)
         else:
             return None
-    if not arrays:
-        return None
+    if dyn_floats and not arrays:
+        return None  # (a factory: its float arguments stay static, see `_split`)
     key = ("flat", func, tuple(keys), kwnames)
     entry = _KINDS.get(key)
     if entry is None:

@@ -760,6 +760,22 @@ def gelu_backward(grad_output, self, approximate="none"):
 
 
 register(aten.silu_backward.default)(_act_backward(_silu))
+
+
+# backward ops in terms of the forward's OUTPUT y, as torch's CPU kernels compute them (one
+# lowering instead of the three ops of torch's decompositions)
+@register(aten.tanh_backward.default)
+def tanh_backward(grad_output, output):
+    y = _opmath(output)
+    return (_opmath(grad_output) * jnp.conj(1 - y * y)).astype(grad_output.dtype)
+
+
+@register(aten.sigmoid_backward.default)
+def sigmoid_backward(grad_output, output):
+    # the CPU kernel's order; bfloat16 computes in float32, float16 in float16
+    up = (lambda v: v) if output.dtype == jnp.float16 else _opmath
+    y = jnp.conj(up(output))
+    return (up(grad_output) * (1 - y) * y).astype(grad_output.dtype)
 register(aten.mish_backward.default)(_act_backward(_mish))
 register(aten.softplus_backward.default)(_act_backward(_softplus))
 

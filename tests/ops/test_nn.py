@@ -459,3 +459,20 @@ def test_max_unpool_and_bilinear():
     a, b, w, bias = torch.randn(4, 3), torch.randn(4, 5), torch.randn(2, 3, 5), torch.randn(2)
     _both(F.bilinear, a, b, w, bias)
     _grad_check(F.bilinear, a, b, w, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.complex64])
+@pytest.mark.parametrize("op", ["tanh_backward", "sigmoid_backward"])
+def test_activation_backward_from_output_matches_cpu_kernel(op, dtype):
+    """tanh/sigmoid backward lowerings (not torch's 3-op decompositions) equal the CPU kernels."""
+    f = getattr(torch.ops.aten, op).default
+    g = torch.Generator().manual_seed(0)
+    y, grad = torch.rand(40, 30, generator=g).to(dtype), torch.randn(40, 30, generator=g).to(dtype)
+    if dtype.is_complex:
+        y, grad = y + 0.3j * torch.rand(40, 30, generator=g), grad + 1j * torch.randn(40, 30, generator=g)
+    want = f(grad, y)
+    got = f(grad.to("jax"), y.to("jax")).cpu()
+    if dtype.is_complex:  # the CPU kernel's complex products round differently
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(got, want)
