@@ -11,8 +11,11 @@ slows all alike), medians reported as ratios to the lazy step:
 - eager mode: `jaxtorch.enable_globally()` without lazy (each op dispatched to JAX);
 - eager PyTorch on the CPU.
 
-Also printed: compilations after the third lazy step (target 0) and the recording cost
-(Python time from the start of the step to `mark_step`) as a share of the lazy step.
+Also printed: compilations after the third lazy step (target 0), the recording cost
+(Python time from the start of the step to `mark_step`) as a share of the lazy step, and
+the floor under it: the same step in eager PyTorch on the CPU with tiny arrays (width 64,
+vocab 128, a 1x4 batch: the cost of running the step's Python once: HF's modules, autograd's
+engine, the optimizer's loops).
 
 Every row waits for its loss at the same points: after every step by default (the lazy
 step then pays its recording on top of the program), or, with `--sync-every N`, after
@@ -56,6 +59,22 @@ def step(model, opt, ids):
     loss.backward()
     opt.step()
     return loss
+
+
+def framework_floor(layers: int, seq: int, steps: int = 7) -> float:
+    """Median seconds of the same step in eager PyTorch on the CPU with next to no compute
+    (width 64, vocab 128, a 1x4 batch: the same ops, tiny arrays) and the jax device's
+    foreach AdamW: what running the step's Python once costs (HF's modules, autograd's
+    engine, the optimizer's loops). Recording runs the same code once per step."""
+    model = gpt2(layers, width=64, vocab=128, seq=seq).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
+    times = []
+    for i in range(3 + steps):
+        t0 = time.perf_counter()
+        step(model, opt, ids)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[3:])
 
 
 def main() -> None:
@@ -151,8 +170,10 @@ def main() -> None:
     rec = statistics.median(record)
     print(f"lazy: compilations per step {compiles_by_step} -> {after3} after the third step; "
           f"{m.cache_hits} cache hits; unplanned executions {sum(m.unplanned.values())}")
+    floor = framework_floor(args.layers, args.seq)
     print(f"lazy: recording {rec * 1e3:.1f} ms/step = {rec / med['lazy'] * 100:.0f}% of the step "
-          f"({m.ops_recorded[-1]} ops recorded per step)")
+          f"({m.ops_recorded[-1]} ops recorded per step); the same step's Python in eager PyTorch "
+          f"(CPU, tiny arrays, foreach AdamW) {floor * 1e3:.1f} ms: recording / that {rec / floor:.2f}x")
     for name in ("lazy", "jaxtorch.jit"):
         if name in parts:
             launch = statistics.median(p[0] for p in parts[name]) * 1e3

@@ -146,7 +146,9 @@ def lists_of_jax_tensors(args, kwargs, jax_tensor) -> bool:
     for a in (*args, *kwargs.values()):
         if type(a) is list or type(a) is tuple:
             for b in a:
-                if isinstance(b, torch.Tensor):
+                if type(b) is jax_tensor:
+                    found = True
+                elif isinstance(b, torch.Tensor):
                     if not isinstance(b, jax_tensor):
                         return False
                     found = True

@@ -39,7 +39,7 @@ from .device import is_jax_device, jax_device_of
 from .dtypes import scalar_jax_dtype, to_jax_dtype
 from .errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
 from .random import next_key
-from .tensor import JaxTensor, make_view, rebind, write
+from .tensor import JaxTensor, make_view, rebind, write, write_many
 
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer
@@ -75,10 +75,16 @@ def _to_jax_arg(x, func, raw: bool = False):
     if t in _PLAIN:
         return x
     if t is list or t is tuple:
+        out = []
         for y in x:
-            if type(y) not in _PLAIN:
-                return t(_to_jax_arg(y, func, raw) for y in x)
-        return t(x)
+            ty = type(y)
+            if ty is JaxTensor:
+                out.append(y._raw() if raw else y.elem)
+            elif ty in _PLAIN:
+                out.append(y)
+            else:
+                out.append(_to_jax_arg(y, func, raw))
+        return t(out)
     if isinstance(x, JaxTensor):
         return x._raw() if raw else x.elem
     if isinstance(x, torch.Tensor):
@@ -434,8 +440,7 @@ def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Calla
         out = call(args, kwargs)[0]
         if not inplace:
             return [JaxTensor(o) for o in out]
-        for t, r in zip(args[0], out):
-            write(t, r)
+        write_many(args[0], out)
         return None
 
     return run

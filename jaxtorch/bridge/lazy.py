@@ -276,7 +276,8 @@ def _positional_fn(lowering: Callable, sig: list, kwnames: tuple) -> Callable:
 
     def fn(*arrays):
         it = iter(arrays)
-        vals = [next(it) if s is None else s[2] for s in sig]
+        vals = [next(it) if s is None else s[2] if s[0] is not _DYN_LIST else s[1](next(it) for _ in range(s[2]))
+                for s in sig]
         with matmul_precision():
             if nk:
                 return lowering(*vals[:-nk], **dict(zip(kwnames, vals[-nk:])))
@@ -286,6 +287,8 @@ def _positional_fn(lowering: Callable, sig: list, kwnames: tuple) -> Callable:
 
 
 _SIMPLE = (int, bool, float, type(None), str)
+_INTS, _ARRAYS, _FLOATS = frozenset({int, bool}), frozenset({LazyArray, _ArrayImpl}), frozenset({float})
+_DYN_LIST = object()  # in a `_flat` signature: (_DYN_LIST, list or tuple, length): a list of dynamic inputs
 
 
 def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
@@ -316,14 +319,21 @@ def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
             sig.append((*k, a))
             keys.append(k)
         elif t is list or t is tuple:
-            types = tuple(map(type, a))
-            for b in types:
-                if b is not int and b is not bool:
-                    return None
-            v = tuple(a)
-            k = (t, (v, types))  # ([1, 0] and [True, False] differ)
-            sig.append((*k, t(v)))
-            keys.append(k)
+            types = set(map(type, a))
+            if types <= _INTS:
+                v = tuple(a)
+                k = (t, (v, tuple(map(type, a))))  # ([1, 0] and [True, False] differ)
+                sig.append((*k, t(v)))
+                keys.append(k)
+            elif types <= _ARRAYS or (floats and types == _FLOATS):  # (a foreach op's lists)
+                arrays = arrays or bool(types)  # ([] makes no array)
+                dyn_floats = dyn_floats or types == _FLOATS
+                dyn.extend(a)
+                k = (_DYN_LIST, t, len(a))
+                sig.append(k)
+                keys.append(k)
+            else:
+                return None
         else:
             return None
     if dyn_floats and not arrays:

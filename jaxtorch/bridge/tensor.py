@@ -311,6 +311,27 @@ def write(t: JaxTensor, value) -> None:
     t._jt_version = root._jt_version
 
 
+def write_many(tensors, values) -> None:
+    """`write(t, v)` for each pair (a foreach op's in-place results); the common case, a
+    root tensor given a value of its own shape and dtype, skips `write`'s per-call work."""
+    if write_checks:
+        for t, v in zip(tensors, values):
+            write(t, v)
+        return
+    jax_dtypes: dict = {}
+    for t, v in zip(tensors, values):
+        jd = jax_dtypes.get(t.dtype)
+        if jd is None:
+            jd = jax_dtypes[t.dtype] = to_jax_dtype(t.dtype)
+        if t._jt_base is None and v.dtype == jd and v.shape == t._jt_elem.shape:
+            t._jt_elem = v
+            t._jt_version += 1
+            if type(v) is _Lazy:
+                _lazy.track(t)
+        else:
+            write(t, v)
+
+
 def _reinterpreting_view(root: JaxTensor, t: JaxTensor) -> RuntimeError:
     return RuntimeError(
         f"jaxtorch: this view reinterprets {root.dtype} data as {t.dtype}, so it cannot be written "
