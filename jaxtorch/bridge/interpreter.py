@@ -435,7 +435,8 @@ def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Calla
     inplace = func._schema.name.endswith("_")
 
     def run(args, kwargs):
-        if not foreach.lists_of_jax_tensors(args, kwargs, JaxTensor):
+        if not foreach.lists_of_jax_tensors(args, kwargs, JaxTensor) or (
+                inplace and foreach.aliased_across(args, kwargs, _root)):
             return fallback(args, kwargs)
         out = call(args, kwargs)[0]
         if not inplace:
@@ -444,6 +445,12 @@ def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Calla
         return None
 
     return run
+
+
+def _root(t):
+    """The tensor whose array `t` reads (itself, or a view's root)."""
+    base = getattr(t, "_jt_base", None)
+    return t if base is None else base
 
 
 def _build_runner(func, lazy_mode: bool = False) -> Callable:

@@ -197,3 +197,27 @@ def test_torch_optimizers_foreach_path_matches_cpu(name, lazy):
     assert not torch.allclose(ref[0].weight, start)  # the steps moved the parameters
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_in_place_calls_whose_lists_alias_keep_torchs_loop_order(lazy):
+    """`_foreach_copy_([a, b], [b, a])` copies in order (both end as b); a one-call update
+    would swap them. Also a list holding one tensor twice, and a scalar tensor that is an output."""
+    def run(device):
+        a, b = torch.tensor([1.0, 2.0]).to(device), torch.tensor([3.0, 4.0]).to(device)
+        c = torch.tensor(2.0).to(device)
+        with jaxtorch.lazy() if lazy and device == "jax" else contextlib.nullcontext():
+            torch._foreach_copy_([a, b], [b, a])
+            torch._foreach_add_([a, a], [b, b])
+            torch._foreach_mul_([c, b], c)
+        return [t.cpu() for t in (a, b, c)]
+
+    for got, want in zip(run("jax"), run("cpu")):
+        assert torch.equal(got, want), (got, want)
+    aten = torch.ops.aten
+    x, y = torch.ones(2).to("jax"), torch.ones(2).to("jax")
+    from jaxtorch.bridge.interpreter import _root
+    assert foreach.aliased_across(([x, y], [y, x]), {}, _root)
+    assert foreach.aliased_across(([x, x[:1]], [y, y]), {}, _root)  # two views of one root
+    assert not foreach.aliased_across(([x, y], [x, y]), {}, _root)  # each element reads itself: fine
+    assert foreach.lowering_for(aten._foreach_copy_.default) is not None
