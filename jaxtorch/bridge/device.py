@@ -12,6 +12,7 @@ import functools
 import itertools
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -187,34 +188,58 @@ def _holds_jax(module: torch.nn.Module) -> bool:
     return any(t.device.type == DEVICE_TYPE for t in itertools.chain(module.parameters(), module.buffers()))
 
 
+def _refuse_uninitialized(module: torch.nn.Module) -> None:
+    """A lazy module (`nn.LazyLinear`) moved before its first forward would get a 0-element
+    weight and then fail with torch's unrelated shape assertion: say what to do instead."""
+    from torch.nn.parameter import UninitializedTensorMixin
+
+    for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
+        if isinstance(t, UninitializedTensorMixin):
+            from .errors import JaxtorchError
+
+            raise JaxtorchError(
+                f"jaxtorch cannot move `{name}` to or from the jax device: it is an uninitialized parameter of a "
+                "lazy module (nn.LazyLinear, nn.LazyConv2d, ...), whose shape is known only after a first forward. "
+                "Run one forward on the CPU first (e.g. with a sample batch), then move the module; or give the "
+                "layer its input size (nn.Linear(in_features, out_features))."
+            )
+
+
+# The swap flag is process-wide: moves across the jax device take turns, so one thread's move
+# never ends with the flag another thread's move needs turned off.
+_MOVE_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _keeping_parameters(module: torch.nn.Module):
     """Run a move with torch's swap path on; re-attach the tensor hooks the swap leaves behind."""
-    hooks = [(p, p._backward_hooks, p._post_accumulate_grad_hooks) for p in module.parameters()]
-    old = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    torch.utils.swap_tensors = _swap_tensors
-    try:
-        yield
-    except RuntimeError as e:
-        if "Couldn't swap" not in str(e):
-            raise
-        from .errors import JaxtorchError
+    _refuse_uninitialized(module)
+    with _MOVE_LOCK:
+        hooks = [(p, p._backward_hooks, p._post_accumulate_grad_hooks) for p in module.parameters()]
+        old = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        torch.utils.swap_tensors = _swap_tensors
+        try:
+            yield
+        except RuntimeError as e:
+            if "Couldn't swap" not in str(e):
+                raise
+            from .errors import JaxtorchError
 
-        raise JaxtorchError(
-            f"jaxtorch moves a module across the jax device keeping its Parameter objects (so optimizers and "
-            f"hooks built before the move keep working), and torch could not swap one ({e}; cause: {e.__cause__}). "
-            "This happens when something holds a weak reference to a parameter (torch.compile, a weakref "
-            "cache): move the module before that."
-        ) from e
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(old)
-        torch.utils.swap_tensors = _torch_swap_tensors
-        for p, backward, post in hooks:  # the swap moved their C++ registration to the old tensor
-            if backward is not None:
-                p._backward_hooks = backward
-            if post is not None:
-                p._post_accumulate_grad_hooks = post
+            raise JaxtorchError(
+                f"jaxtorch moves a module across the jax device keeping its Parameter objects (so optimizers and "
+                f"hooks built before the move keep working), and torch could not swap one ({e}; cause: "
+                f"{e.__cause__}). This happens when something holds a weak reference to a parameter "
+                "(torch.compile, a weakref cache): move the module before that."
+            ) from e
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(old)
+            torch.utils.swap_tensors = _torch_swap_tensors
+            for p, backward, post in hooks:  # the swap moved their C++ registration to the old tensor
+                if backward is not None:
+                    p._backward_hooks = backward
+                if post is not None:
+                    p._post_accumulate_grad_hooks = post
     for p in module.parameters():
         _own_root(p)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import jaxtorch
+from jaxtorch.bridge.errors import JaxtorchError
 
 
 def test_unsupported_op_names_the_op_and_how_to_register():
@@ -74,3 +75,19 @@ def test_random_factory_inside_call_torch_draws_from_rng():
     a, b = run(jnp.zeros(3), jax.random.key(0)), run(jnp.zeros(3), jax.random.key(1))
     assert not (a == b).all()
     assert (run(jnp.zeros(3), jax.random.key(0)) == a).all()
+
+
+def test_moving_an_uninitialized_lazy_module_says_to_run_a_forward_first():
+    """Before, the weight became a 0-element tensor and the first forward failed with torch's
+    unrelated in_features assertion."""
+    jaxtorch.enable_globally()
+    m = torch.nn.Sequential(torch.nn.LazyLinear(4))
+    with pytest.raises(JaxtorchError, match=r"`0.weight`.*lazy module.*Run one forward on the CPU first"):
+        m.to("jax")
+    assert isinstance(m[0].weight, torch.nn.parameter.UninitializedParameter)  # left as found
+    x = torch.randn(2, 3)
+    want = m(x)  # the way out: initialize, then move
+    weight = m[0].weight
+    m.to("jax")
+    assert m[0].weight is weight
+    torch.testing.assert_close(m(x.to("jax")).cpu(), want)

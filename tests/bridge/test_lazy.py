@@ -146,6 +146,33 @@ def test_python_floats_are_constants_until_they_change_then_inputs():
     assert m.floats_made_inputs == 1 and m.float_inputs == 1, xm.metrics_report()
 
 
+def test_changing_floats_stay_weakly_typed_as_in_eager():
+    """A float that became a program input must not promote: `bf16 * lr` stays bfloat16, as
+    eagerly. (lazy's `_weak_scalars` relies on JAX's private `_convert_element_type(...,
+    weak_type=True)`; a JAX release that changes it fails here, not silently.)"""
+    import jax
+
+    lazy_mod.clear_cache()
+    x0 = torch.randn(8, device="jax").to(torch.bfloat16)
+    lrs = [0.1, 0.2, 0.3, 0.4]
+
+    def run():
+        x = x0.clone()
+        for lr in lrs:
+            x = x * lr + 1.0
+            xm.mark_step()
+        return x
+
+    want = run()
+    with jaxtorch.lazy():
+        got = run()
+    assert xm.metrics().floats_made_inputs >= 1, xm.metrics_report()  # the learning rate is an input
+    assert got.dtype == want.dtype == torch.bfloat16 and got.jax().dtype == want.jax().dtype
+    assert torch.equal(got.cpu(), want.cpu())
+    products = jax.jit(lambda v: [x0.jax() * s for s in lazy_mod._weak_scalars(v)])(np.array([0.5, 2.0], np.float32))
+    assert [p.dtype for p in products] == [x0.jax().dtype] * 2
+
+
 def test_device_factories_are_recorded_not_dispatched(monkeypatch):
     """The backend's `empty` (behind `torch.tensor([], device=...)`: Hugging Face's cache makes
     four per forward) is recorded, not run: a JAX dispatch while recording waits, on the CPU,
