@@ -44,6 +44,7 @@ with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
+from ..bridge import foreach as _foreach
 from ..bridge import interpreter as _interp
 from ..bridge.dtypes import to_torch_dtype
 from ..ops import registry
@@ -82,6 +83,8 @@ def how(op: torch._ops.OpOverload) -> str:
     """
     if registry.lookup(op) is not None or op in _interp._SPECIAL:
         return LOWERED
+    if op._schema.name.startswith("aten::_foreach_") and _foreach.lowering_for(op) is not None:
+        return LOWERED  # the per-element op's lowering over the lists, in one call
     sib = _sibling(op)
     if sib is not None and registry.lookup(sib) is not None:
         return LOWERED
@@ -96,7 +99,8 @@ def how(op: torch._ops.OpOverload) -> str:
 
 def family(op: torch._ops.OpOverload) -> str:
     """The `jaxtorch.ops` module that lowers `op` (`"bridge"` for the bridge's own ops, `""` if none)."""
-    for cand in (op, _sibling(op)):
+    elem = _foreach.per_element(op) if op._schema.name.startswith("aten::_foreach_") else None
+    for cand in (op, _sibling(op), elem[0] if elem else None):
         if cand is None:
             continue
         if cand in _interp._SPECIAL:
