@@ -36,7 +36,7 @@ from . import eager, foreach, lazy, tracing
 from . import tensor as _tensor
 from .convert import array_to_torch, tensor_to_jax
 from .device import is_jax_device, jax_device_of
-from .dtypes import scalar_jax_dtype, to_jax_dtype
+from .dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
 from .errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
 from .random import next_key
 from .tensor import JaxTensor, make_view, rebind, write, write_many
@@ -340,9 +340,32 @@ def _make_view_runner(func, lowering, lazy_mode: bool = False):
     return run
 
 
+def _cast_check(func, elementwise_op=None) -> Callable | None:
+    """For an in-place pointwise op, `check(value, t)` raising as torch does when the result's
+    dtype cannot be cast to the tensor's (`int_tensor.add_(0.5)`, `int_tensor.sqrt_()`): writing
+    would round silently. None for other ops (fills, scatters and random fills cast by design)."""
+    pointwise = torch.Tag.pointwise
+    if not func._schema.name.endswith("_") or registry.is_flagged(func, registry.RANDOM):
+        return None
+    sibling = elementwise_op if elementwise_op is not None else _functional_sibling(func)
+    if pointwise not in func.tags and (sibling is None or pointwise not in sibling.tags):
+        return None
+
+    def check(value, t) -> None:
+        result = to_torch_dtype(value.dtype)
+        if result != t.dtype and not torch.can_cast(result, t.dtype):
+            raise RuntimeError(
+                f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
+                f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
+            )
+
+    return check
+
+
 def _make_mutating_runner(func, compute: Callable, mutated):
     """Run `compute` (functional) then write results into the mutated arguments."""
     positions = [(i, n, kw) for i, n, kw in mutated]
+    check_cast = _cast_check(func)
 
     def run(args, kwargs):
         result = compute(args, kwargs)
@@ -358,6 +381,8 @@ def _make_mutating_runner(func, compute: Callable, mutated):
                 _cpu_write(func, t)
                 raise DeviceMismatchError(func, t.device)
             value = r._raw() if isinstance(r, JaxTensor) else r
+            if check_cast is not None:
+                check_cast(value, t)
             if tuple(value.shape) != tuple(t.shape):
                 # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
                 rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
@@ -433,6 +458,7 @@ def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Calla
     overloads write each result into its list element."""
     call = (_lazy_lowering_caller if lazy_mode else _lowering_caller)(func, multi, floats=True)
     inplace = func._schema.name.endswith("_")
+    check_cast = _cast_check(func, foreach.per_element(func)[0]) if inplace else None
 
     def run(args, kwargs):
         if not foreach.lists_of_jax_tensors(args, kwargs, JaxTensor) or (
@@ -441,6 +467,9 @@ def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Calla
         out = call(args, kwargs)[0]
         if not inplace:
             return [JaxTensor(o) for o in out]
+        if check_cast is not None:
+            for t, r in zip(args[0], out):
+                check_cast(r, t)
         write_many(args[0], out)
         return None
 

@@ -276,3 +276,72 @@ class TestThroughInterpreter:
         x = torch.tensor([1.0, 4.0], device="jax")
         x.sqrt_().pow_(3).neg_()
         torch.testing.assert_close(x.cpu(), torch.tensor([-1.0, -8.0]))
+
+
+# In-place ops whose result type cannot be cast back (torch: "result type Float can't be cast to
+# the desired output type Long") raised nowhere on the jax device: the write rounded silently.
+_CAST_REFUSED = "can't be cast to the desired output type"
+# op name -> why the jax device still writes where CPU torch refuses (checked both ways)
+_CAST_NOT_CHECKED = {
+    "ldexp": "ldexp_ runs torch's decomposition, whose mul_ result is already cast",
+    "polygamma": "polygamma_(n) has no functional sibling with its argument order (polygamma(n, self)): torch's "
+                 "decomposition runs it, and the result is cast",
+}
+
+
+def _in_place_cases():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    for op in op_db:
+        if op.inplace_variant is not None:
+            yield pytest.param(op, id=f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_in_place_result_type_rule_matches_cpu(dtype):
+    """Over every OpInfo op with an in-place variant (first sample, integer and bool inputs):
+    the jax device refuses exactly when CPU torch refuses the cast (`int_tensor.add_(0.5)`)."""
+    jaxtorch.enable_globally()
+    mismatches = []
+    for param in _in_place_cases():
+        (op,) = param.values
+        try:
+            samples = [s for s in op.sample_inputs("cpu", dtype) if isinstance(s.input, torch.Tensor)][:1]
+        except Exception:  # noqa: BLE001  (no samples for this dtype)
+            continue
+        for s in samples:
+            def run(device):
+                """True: refused the cast; False: ran; None: another error (not this rule)."""
+                def move(v):
+                    if isinstance(v, torch.Tensor):
+                        return v.to(device)
+                    return type(v)(move(w) for w in v) if isinstance(v, (list, tuple)) else v
+
+                try:
+                    op.inplace_variant(s.input.clone().to(device), *[move(a) for a in s.args],
+                                       **{k: move(v) for k, v in s.kwargs.items()})
+                except Exception as e:  # noqa: BLE001
+                    return True if _CAST_REFUSED in str(e) else None
+                return False
+            cpu = run("cpu")
+            if cpu is None:  # torch refuses this sample for another reason
+                continue
+            jx = run("jax")
+            if cpu != jx and op.name not in _CAST_NOT_CHECKED:
+                mismatches.append((op.name, "cpu refuses" if cpu else "jax refuses"))
+            if op.name in _CAST_NOT_CHECKED and cpu and jx:
+                mismatches.append((op.name, "listed in _CAST_NOT_CHECKED but now refused: remove it"))
+    assert not mismatches, mismatches
+
+
+def test_in_place_cast_refusals_name_the_op_and_foreach_too():
+    jaxtorch.enable_globally()
+    x = torch.tensor([1, 2], device="jax")
+    with pytest.raises(RuntimeError, match=r"add_.*torch.float32 can't be cast.*torch.int64"):
+        x.add_(0.5)
+    with pytest.raises(RuntimeError, match=r"_foreach_add_.*can't be cast"):
+        torch._foreach_add_([x], 0.5)
+    assert x.cpu().tolist() == [1, 2]  # nothing written
+    x.mul_(3).gt_(4)  # allowed casts still write, as in torch
+    x.fill_(2.7)
+    assert x.cpu().tolist() == [2, 2]
