@@ -287,7 +287,8 @@ def _positional_fn(lowering: Callable, sig: list, kwnames: tuple) -> Callable:
 
 
 _SIMPLE = (int, bool, float, type(None), str)
-_INTS, _ARRAYS, _FLOATS = frozenset({int, bool}), frozenset({LazyArray, _ArrayImpl}), frozenset({float})
+# element types of a list argument: static ints, or a foreach op's arrays / floats (dynamic)
+_INT_TYPES, _ARRAY_TYPES, _FLOAT_TYPES = frozenset({int, bool}), frozenset({LazyArray, _ArrayImpl}), frozenset({float})
 _DYN_LIST = object()  # in a `_flat` signature: (_DYN_LIST, list or tuple, length): a list of dynamic inputs
 
 
@@ -320,14 +321,14 @@ def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
             keys.append(k)
         elif t is list or t is tuple:
             types = set(map(type, a))
-            if types <= _INTS:
+            if types <= _INT_TYPES:
                 v = tuple(a)
                 k = (t, (v, tuple(map(type, a))))  # ([1, 0] and [True, False] differ)
                 sig.append((*k, t(v)))
                 keys.append(k)
-            elif types <= _ARRAYS or (floats and types == _FLOATS):  # (a foreach op's lists)
+            elif types <= _ARRAY_TYPES or (floats and types == _FLOAT_TYPES):  # (a foreach op's lists)
                 arrays = arrays or bool(types)  # ([] makes no array)
-                dyn_floats = dyn_floats or types == _FLOATS
+                dyn_floats = dyn_floats or types == _FLOAT_TYPES
                 dyn.extend(a)
                 k = (_DYN_LIST, t, len(a))
                 sig.append(k)
