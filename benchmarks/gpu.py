@@ -6,7 +6,7 @@ plain JAX; plus the logits against PyTorch's.
 
 PyTorch's CUDA reference runs in a subprocess that never imports jaxtorch: jaxtorch
 makes "jax" torch's accelerator, after which torch autograd on CUDA tensors fails (torch
-supports one accelerator per process; see `jaxtorch/bridge/device.py`). So the two sides
+supports one accelerator per process; see `jaxtorch/bridge/tensor/_device.py`). So the two sides
 are timed one after the other, not interleaved: quote these on an otherwise idle GPU.
 
     python benchmarks/gpu.py        # (python benchmarks/gpu.py 2: a quick dry run on the CPU)

@@ -26,6 +26,7 @@ program asynchronously, so the lazy loop records step k+1 while step k runs, and
     python benchmarks/lazy.py                 # 4 layers, 8x128, 5 timed steps
     python benchmarks/lazy.py --steps 10 --layers 2
     python benchmarks/lazy.py --sync-every 5  # 5 samples of 5 steps each
+    python benchmarks/lazy.py --layers 2 --width 128 --batch 4 --seq 32 --skip eager,torch  # tiny (issue 21)
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ import jaxtorch.xla as xm  # noqa: E402
 from benchmarks.models import gpt2  # noqa: E402
 
 
-def make(layers: int, seq: int, device: str):
+def make(layers: int, seq: int, device: str, width: int = 256):
     """A GPT-2 (same initial weights every call) and its AdamW, on `device`."""
-    model = gpt2(layers, seq=seq).train().to(device)
+    model = gpt2(layers, width=width, seq=seq).train().to(device)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
@@ -80,6 +81,7 @@ def framework_floor(layers: int, seq: int, steps: int = 7) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5)
@@ -96,7 +98,7 @@ def main() -> None:
 
     runs, record = {}, []
 
-    lz_model, lz_opt = make(args.layers, args.seq, "jax")
+    lz_model, lz_opt = make(args.layers, args.seq, "jax", args.width)
 
     parts: dict[str, list[float]] = {}  # row -> [launch, wait] seconds of each waited step
 
@@ -125,14 +127,14 @@ def main() -> None:
 
     runs["lazy"] = lazy_step
     if "jit" not in skip:
-        jt_model, jt_opt = make(args.layers, args.seq, "jax")
+        jt_model, jt_opt = make(args.layers, args.seq, "jax", args.width)
         compiled = jaxtorch.jit(step)
         runs["jaxtorch.jit"] = waiting("jaxtorch.jit", lambda: compiled(jt_model, jt_opt, ids))
     if "eager" not in skip:
-        eg_model, eg_opt = make(args.layers, args.seq, "jax")
+        eg_model, eg_opt = make(args.layers, args.seq, "jax", args.width)
         runs["eager mode"] = waiting("eager mode", lambda: step(eg_model, eg_opt, ids))
     if "torch" not in skip:
-        tc_model, tc_opt = make(args.layers, args.seq, "cpu")
+        tc_model, tc_opt = make(args.layers, args.seq, "cpu", args.width)
         runs["eager PyTorch CPU"] = waiting("eager PyTorch CPU", lambda: step(tc_model, tc_opt, ids_cpu))
 
     xm.clear_metrics()
@@ -159,7 +161,7 @@ def main() -> None:
             times[name].append((time.perf_counter() - t0) / n)
     m = xm.metrics()
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"GPT-2 {args.layers}x256, batch {args.batch}x{args.seq}, AdamW, backward + step + mark_step; "
+    print(f"GPT-2 {args.layers}x{args.width}, batch {args.batch}x{args.seq}, AdamW, backward + step + mark_step; "
           f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
           f"{args.steps} timed samples of {n} step(s) (loss waited for once per sample) after {args.warmup} "
           f"warm-up steps, interleaved; load average {os.getloadavg()[0]:.1f}")

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .bridge.api import extract
-from .bridge.convert import jax_view, to_jax
-from .bridge.device import JAX_DEVICE
+from .bridge.api._jax_first import extract
+from .bridge.tensor._convert import jax_view, to_jax
+from .bridge.tensor._device import JAX_DEVICE
 
 
 def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int):

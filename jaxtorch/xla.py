@@ -1,7 +1,7 @@
 """torch_xla-style helpers for PyTorch-first training on the `jax` device.
 
 Familiar names, each doing the JAX-native thing. As in torch_xla, the device is lazy:
-`xla_device()` turns on jaxtorch's lazy mode (`jaxtorch.bridge.lazy`), so ops are
+`xla_device()` turns on jaxtorch's lazy mode (`jaxtorch.bridge.core._lazy`), so ops are
 recorded and each step runs as one cached XLA program at `mark_step()` (which
 `optimizer_step(barrier=True)` and `ParallelLoader` call for you); `metrics_report()`
 shows compilations, cache hits and what forced unplanned executions. One JAX process drives all of its local
@@ -30,11 +30,11 @@ from typing import Any, Iterable, Sequence
 import jax
 import torch
 
-from .bridge import lazy as _lazy
-from .bridge.device import DEVICE_TYPE
-from .bridge.lazy import LazyMetrics, clear_metrics, metrics, metrics_report
-from .bridge.tensor import JaxTensor
-from .train.sharding import DeviceLoader, data_mesh
+from .bridge.core import _lazy
+from .bridge.tensor._device import DEVICE_TYPE
+from .bridge.core._lazy import LazyMetrics, clear_metrics, metrics, metrics_report
+from .bridge.tensor._tensor import JaxTensor
+from .train._sharding import DeviceLoader, data_mesh
 
 BF16_ENV = "JAXTORCH_USE_BF16"
 
@@ -43,7 +43,7 @@ def xla_device(n: int | None = None, *, lazy: bool = True) -> torch.device:
     """The `jax` device; `xla_device(n)` is `"jax:n"`, which places data on `jax.devices()[n]`.
 
     Like torch_xla's device it is lazy: this turns lazy mode on (`lazy=False` leaves the
-    mode as it is; `jaxtorch.disable_globally()` or `jaxtorch.bridge.lazy.set_enabled(False)`
+    mode as it is; `jaxtorch.disable_globally()` or `jaxtorch.bridge.core._lazy.set_enabled(False)`
     turns it off).
     """
     if lazy:

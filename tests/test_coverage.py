@@ -12,7 +12,7 @@ import torch
 
 import jaxtorch
 import jaxtorch.coverage as cov
-from jaxtorch.bridge import interpreter
+from jaxtorch.bridge.dispatch import _interpreter as interpreter
 from jaxtorch.ops import registry
 
 aten = torch.ops.aten

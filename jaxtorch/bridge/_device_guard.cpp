@@ -6,7 +6,7 @@
 // without calling into Python.
 //
 // Built when jaxtorch is installed (setup.py: `pip install -r requirements.txt` / `pip install .`)
-// as the module `jaxtorch.bridge._device_guard`; `jaxtorch/bridge/device.py` builds it with
+// as the module `jaxtorch.bridge._device_guard`; `jaxtorch/bridge/tensor/_device.py` builds it with
 // torch's cpp_extension at import only if that module is missing or was built for another torch.
 // JAXTORCH_TORCH_VERSION is torch.__version__ unquoted (stringified here, so no shell quoting).
 // Only c10 and Python's C API are included (not <torch/extension.h>), so it compiles in seconds.

@@ -1,7 +1,7 @@
 """Op coverage: which ATen ops jaxtorch lowers, which it runs through PyTorch's own
 decompositions, and which it cannot run.
 
-An op overload is, exactly as the interpreter (`jaxtorch.bridge.interpreter`) decides:
+An op overload is, exactly as the interpreter (`jaxtorch.bridge.dispatch._interpreter`) decides:
 - **lowered**: it has a registered lowering (`jaxtorch.ops.registry`), or it is an
   in-place / `out=` variant of a lowered functional op, or the bridge handles it itself
   (`_to_copy`, `copy_`, `detach`, ...);
@@ -44,9 +44,9 @@ with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
-from ..bridge import foreach as _foreach
-from ..bridge import interpreter as _interp
-from ..bridge.dtypes import to_torch_dtype
+from ..bridge.dispatch import _foreach
+from ..bridge.dispatch import _interpreter as _interp
+from ..bridge.core._dtypes import to_torch_dtype
 from ..ops import registry
 
 aten = torch.ops.aten
@@ -239,8 +239,8 @@ def _leaf_to(x, device: str):
     """A jax array, `JaxTensor` or torch tensor as a fresh tensor on `device` ('meta' or 'cpu')."""
     import jax
 
-    from ..bridge.convert import to_torch
-    from ..bridge.tensor import JaxTensor
+    from ..bridge.tensor._convert import to_torch
+    from ..bridge.tensor._tensor import JaxTensor
 
     if isinstance(x, jax.Array):
         if device == "meta":
@@ -256,7 +256,7 @@ def _leaf_to(x, device: str):
 
 
 def _inputs_to(tree, device: str):
-    from ..bridge.convert import tree_map
+    from ..bridge.tensor._convert import tree_map
 
     return tree_map(lambda x: _leaf_to(x, device), tree)
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..bridge.dtypes import canonical_int, default_float
+from ..bridge.core._dtypes import canonical_int, default_float
 
 DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT, BOOL_TO_LONG, NO_PROMOTE = (
     "default", "int_to_float", "always_bool", "complex_to_float", "bool_to_long", "none")

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.random import next_key
+from ..bridge.core._random import next_key
 from ._semantics import binary, broadcast_to
 from .registry import keep_whole, register
 

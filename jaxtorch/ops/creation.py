@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.dtypes import canonical_int, default_float
+from ..bridge.core._dtypes import canonical_int, default_float
 from .registry import register
 
 aten = torch.ops.aten

@@ -35,9 +35,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.dtypes import x64_enabled
-from ._semantics import (ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT, binary, category,
-                         elementwise, is_array, to_float)
+from ..bridge.core._dtypes import x64_enabled
+from ._semantics import ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT, binary, category, elementwise, is_array, to_float
 from .registry import register
 
 aten = torch.ops.aten

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..bridge.dtypes import default_float
+from ..bridge.core._dtypes import default_float
 from ._semantics import canon_dim
 from .registry import register
 

@@ -28,7 +28,7 @@ from jax import lax
 from jax.lax import linalg as lax_linalg
 from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-exported
 
-from ..bridge.dtypes import canonical_int
+from ..bridge.core._dtypes import canonical_int
 from ._semantics import binary, canon_dim, category, is_array, to_float, to_real
 from .registry import register
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.dtypes import canonical_int
+from ..bridge.core._dtypes import canonical_int
 from ._semantics import binary, broadcast_to, category, result_type
 from .registry import keep_whole, register
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.dtypes import canonical_int, default_float
+from ..bridge.core._dtypes import canonical_int, default_float
 from ._semantics import category, is_array, to_float
 from .registry import register
 

@@ -2,7 +2,7 @@
 `uniform_`, `bernoulli_`, `exponential_`, ...), `multinomial`, `poisson` and friends.
 
 Every lowering here is registered with `random=True`, so the interpreter passes it a
-fresh JAX PRNG key as `key=` (`jaxtorch.bridge.random.next_key`): split from the
+fresh JAX PRNG key as `key=` (`jaxtorch.bridge.core._random.next_key`): split from the
 `rng=` key of `call_torch` / `extract`'s `fn`, or, eagerly, from the generator seeded
 by `torch.manual_seed`; under `jax.jit` with no key the bridge raises `MissingKeyError`.
 A torch `generator=` argument is accepted and ignored: keys come from the bridge.
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..bridge.dtypes import canonical_int, default_float
+from ..bridge.core._dtypes import canonical_int, default_float
 from .registry import register
 
 aten = torch.ops.aten

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..bridge.dtypes import canonical_int, default_float, to_torch_dtype
+from ..bridge.core._dtypes import canonical_int, default_float, to_torch_dtype
 from ._semantics import category, canon_dim, canon_dims, result_type, to_real
 from .registry import register
 from .sorting import stable_argsort

@@ -17,7 +17,7 @@ Example:
 
 In-place (`add_`) and `out=` (`add.out`) overloads need no lowering of their own: the
 interpreter runs the functional overload and writes the result back (see
-`jaxtorch.bridge.interpreter`). Keys may be an `OpOverload` (`aten.add.Tensor`), an
+`jaxtorch.bridge.dispatch._interpreter`). Keys may be an `OpOverload` (`aten.add.Tensor`), an
 `OpOverloadPacket` (`aten.add`, all overloads) or a custom op (`torch.ops.mylib.bar`).
 """
 
@@ -119,7 +119,8 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
         ```
     """
     register(op, data_dependent=data_dependent, random=random)(jax_impl)
-    from ..bridge import eager, interpreter
+    from ..bridge.core import _eager as eager
+    from ..bridge.dispatch import _interpreter as interpreter
 
     interpreter.invalidate_cache()
     eager.clear()

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.dtypes import canonical_int
+from ..bridge.core._dtypes import canonical_int
 from .nn import _opmath, _scatter_by_index, _vjp
 from .registry import register
 

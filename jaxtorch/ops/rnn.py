@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.random import next_key
+from ..bridge.core._random import next_key
 from .registry import keep_whole, register
 
 aten = torch.ops.aten
@@ -263,7 +263,7 @@ def _recorded(op, lowering: Callable, dropout_at: Optional[int] = None) -> Calla
     """What torch autograd records for `op`: one node, backward = `jax.vjp` of `lowering`."""
 
     def recorded(*args, **kwargs):
-        from ..bridge.autograd import call_jax
+        from ..bridge.tensor._autograd import call_jax
 
         if dropout_at is not None:  # the dropout key is drawn here, outside the differentiated function
             dropout, train, layers = args[dropout_at], args[dropout_at + 1], args[dropout_at - 1]

@@ -28,7 +28,7 @@ import torch
 from jax import lax
 from jax.extend.core import concrete_or_error
 
-from ..bridge.dtypes import to_torch_dtype
+from ..bridge.core._dtypes import to_torch_dtype
 from ._semantics import canon_dim
 from .registry import keep_whole, register
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..bridge.dtypes import canonical_int
+from ..bridge.core._dtypes import canonical_int
 from ._semantics import canon_dim, is_array, result_type
 from .registry import register
 

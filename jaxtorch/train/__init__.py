@@ -9,11 +9,11 @@
     ```
 """
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .precision import MixedPrecision
-from .sharding import DeviceLoader, data_mesh, shard, shard_batch, shardings
-from .state import TrainState, load_into
-from .step import make_train_step
+from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ._precision import MixedPrecision
+from ._sharding import DeviceLoader, data_mesh, shard, shard_batch, shardings
+from ._state import TrainState, load_into
+from ._step import make_train_step
 
 __all__ = [
     "CheckpointError",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import jaxtorch
 from jaxtorch import JaxTensor
-from jaxtorch.bridge.convert import tree_map
+from jaxtorch.bridge.tensor._convert import tree_map
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

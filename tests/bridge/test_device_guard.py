@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from jaxtorch.bridge import device
+from jaxtorch.bridge.tensor import _device as device
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ class Hide:
         if name == "jaxtorch.bridge._device_guard":
             raise ImportError("hidden by the test")
 sys.meta_path.insert(0, Hide())
-import jaxtorch.bridge.device as d
+import jaxtorch.bridge.tensor._device as d
 print(repr(d.CPP_GUARD))
 """
 

@@ -11,8 +11,8 @@ import torch
 
 import jaxtorch
 import jaxtorch.xla as xm
-from jaxtorch.bridge import foreach
-from jaxtorch.bridge.errors import Float64Error
+from jaxtorch.bridge.dispatch import _foreach as foreach
+from jaxtorch.bridge.core._errors import Float64Error
 from torch.testing._internal.common_methods_invocations import (
     foreach_binary_op_db,
     foreach_other_op_db,
@@ -123,9 +123,9 @@ def _lazy_adamw_ops(n_layers: int) -> tuple[int, list[float], dict]:
             loss = model(x).square().mean()
             loss.backward()
             xm.mark_step()
-            before = jaxtorch.bridge.lazy.pending_ops()
+            before = jaxtorch.bridge.core._lazy.pending_ops()
             opt.step()
-            n = jaxtorch.bridge.lazy.pending_ops() - before
+            n = jaxtorch.bridge.core._lazy.pending_ops() - before
             xm.mark_step()
             losses.append(float(loss.cpu()))
     return n, losses, {k: v.cpu() for k, v in model.state_dict().items()}
@@ -216,7 +216,7 @@ def test_in_place_calls_whose_lists_alias_keep_torchs_loop_order(lazy):
         assert torch.equal(got, want), (got, want)
     aten = torch.ops.aten
     x, y = torch.ones(2).to("jax"), torch.ones(2).to("jax")
-    from jaxtorch.bridge.interpreter import _root
+    from jaxtorch.bridge.dispatch._interpreter import _root
     assert foreach.aliased_across(([x, y], [y, x]), {}, _root)
     assert foreach.aliased_across(([x, x[:1]], [y, y]), {}, _root)  # two views of one root
     assert not foreach.aliased_across(([x, y], [x, y]), {}, _root)  # each element reads itself: fine

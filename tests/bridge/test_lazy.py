@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 import jaxtorch
 import jaxtorch.xla as xm
-from jaxtorch.bridge import lazy as lazy_mod
-from jaxtorch.bridge.lazy import LazyArray, LazyGraphWarning
+from jaxtorch.bridge.core import _lazy as lazy_mod
+from jaxtorch.bridge.core._lazy import LazyArray, LazyGraphWarning
 
 from benchmarks.models import gpt2
 

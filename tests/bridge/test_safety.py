@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import jaxtorch
-from jaxtorch.bridge.convert import tensor_to_jax
-from jaxtorch.bridge.errors import StateWriteError
+from jaxtorch.bridge.tensor._convert import tensor_to_jax
+from jaxtorch.bridge.core._errors import StateWriteError
 
 
 class ConvBN(nn.Module):

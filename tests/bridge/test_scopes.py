@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.scopes import gradient_barrier
+from jaxtorch.bridge.state._scopes import gradient_barrier
 
 
 class _Block(torch.nn.Module):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.tensor import JaxTensor
+from jaxtorch import JaxTensor
 
 
 def _np(x) -> np.ndarray:

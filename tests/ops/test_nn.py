@@ -347,7 +347,7 @@ def test_causal_self_attention_is_one_product_each_way(shape):
 
 def test_sdpa_reaches_jaxtorch_whole():
     """The fused op, not torch's 'math' decomposition, is what the interpreter lowers."""
-    from jaxtorch.bridge import interpreter
+    from jaxtorch.bridge.dispatch import _interpreter as interpreter
 
     seen = []
     orig = interpreter.dispatch

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.tensor import JaxTensor
+from jaxtorch import JaxTensor
 
 P = torch.ops.prims
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -144,7 +144,7 @@ def check_llama_meshes():
 def _check_torch_first_llama(model, ids, ref_logits, mesh):
     """The torch-first path: a module on the jax device whose own tensors are explicitly sharded,
     through `jaxtorch.compile(model)` and through `jaxtorch.jit` with the module as an argument."""
-    from jaxtorch.train.sharding import spec_for
+    from jaxtorch.train._sharding import spec_for
 
     jaxtorch.enable_globally()
     try:

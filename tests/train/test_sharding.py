@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxtorch.train.sharding import path_name, spec_for
+from jaxtorch.train._sharding import path_name, spec_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import pytrees
-from .convert import array_to_torch, tensor_to_jax
-from .tensor import JaxTensor, write
+from ..core import _pytrees as pytrees
+from ..tensor._convert import array_to_torch, tensor_to_jax
+from ..tensor._tensor import JaxTensor, write
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
 _TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)

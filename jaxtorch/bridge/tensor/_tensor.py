@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import lazy as _lazy
-from .device import JAX_DEVICE
-from .dtypes import to_jax_dtype, to_torch_dtype
+from ..core import _lazy
+from ._device import JAX_DEVICE
+from ..core._dtypes import to_jax_dtype, to_torch_dtype
 
 _Lazy = _lazy.LazyArray
 
@@ -74,7 +74,7 @@ class JaxTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .interpreter import dispatch
+        from ..dispatch._interpreter import dispatch
 
         return dispatch(func, args, kwargs or {})
 
@@ -99,7 +99,7 @@ class JaxTensor(torch.Tensor):
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """`torch.Tensor.backward`, also under a JAX trace (backward ops join the trace)."""
-        from .tracing import backward_in_trace
+        from ..core._tracing import backward_in_trace
 
         with backward_in_trace():
             return super().backward(gradient, retain_graph, create_graph, inputs)
@@ -109,7 +109,7 @@ class JaxTensor(torch.Tensor):
     def elem(self):
         """The current `jax.Array` (or tracer) of this tensor, views replayed if stale.
 
-        In lazy mode a pending value is executed first (see `jaxtorch.bridge.lazy`).
+        In lazy mode a pending value is executed first (see `jaxtorch.bridge.core._lazy`).
         """
         base = self._jt_base
         if base is None:
@@ -199,7 +199,7 @@ class JaxTensor(torch.Tensor):
 
 def _concrete(x, what: str):
     if isinstance(x, jax.core.Tracer):
-        from .errors import DataDependentError
+        from ..core._errors import DataDependentError
 
         raise DataDependentError(what)
     return x

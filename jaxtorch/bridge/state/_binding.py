@@ -69,7 +69,7 @@ class Snapshot:
 
 
 def _holds_tracer(v) -> bool:
-    from .tensor import JaxTensor
+    from ..tensor._tensor import JaxTensor
 
     if isinstance(v, JaxTensor):
         root = v._jt_base if v._jt_base is not None else v

@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import explicit, scopes
-from .convert import jax_view, tensor_to_jax, torch_view, tree_map
-from .environment import default_env
-from .layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
-from .precision import matmul_precision
-from .random import key_scope
-from .reparam import as_found, bound, named_state
-from .tensor import JaxTensor
+from ..state import _mesh_axes as explicit, _scopes as scopes
+from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
+from ..dispatch._environment import default_env
+from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
+from ..core._precision import matmul_precision
+from ..core._random import key_scope
+from ..state._binding import as_found, bound, named_state
+from ..tensor._tensor import JaxTensor
 
 
 def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> Any:

@@ -21,9 +21,9 @@ import threading
 
 import torch
 
-from . import lazy as _lazy
-from .device import JAX_DEVICE
-from .interpreter import JaxDispatchMode, JaxFunctionMode, jax_default_scope
+from ..core import _lazy
+from ..tensor._device import JAX_DEVICE
+from ._interpreter import JaxDispatchMode, JaxFunctionMode, jax_default_scope
 
 _local = threading.local()
 

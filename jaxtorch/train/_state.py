@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import torch
 
-from ..bridge.api import named_state
-from ..bridge.layouts import conv_kernels, from_kernels
-from ..bridge.convert import array_to_torch
-from ..bridge.tensor import JaxTensor, write
+from ..bridge.api._jax_first import named_state
+from ..bridge.state._layouts import conv_kernels, from_kernels
+from ..bridge.tensor._convert import array_to_torch
+from ..bridge.tensor._tensor import JaxTensor, write
 
 
 class TrainState(NamedTuple):

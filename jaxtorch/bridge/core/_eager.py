@@ -30,8 +30,8 @@ _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 20000
 _cache: dict[Any, Callable | None] = {}
 _lock = threading.Lock()
-from .errors import MissingKeyError  # noqa: E402
-from .precision import matmul_precision  # noqa: E402
+from ._errors import MissingKeyError  # noqa: E402
+from ._precision import matmul_precision  # noqa: E402
 
 _NOT_JITTABLE = (
     MissingKeyError,  # a lowering that draws a key only for some arguments (sdpa with dropout)

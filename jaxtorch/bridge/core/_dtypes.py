@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .errors import Float64Error
+from ._errors import Float64Error
 
 _TORCH_TO_NP: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype("float32"),

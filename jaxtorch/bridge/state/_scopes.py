@@ -28,7 +28,7 @@ import jax
 import torch
 from jax._src import core as _core
 
-from .tensor import JaxTensor
+from ..tensor._tensor import JaxTensor
 
 _names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 _blocks: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()

@@ -33,7 +33,7 @@ import jax
 import torch
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from .tensor import JaxTensor
+from ..tensor._tensor import JaxTensor
 
 
 def _explicit(x) -> NamedSharding | None:

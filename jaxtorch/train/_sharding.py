@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..bridge.convert import tensor_to_jax, torch_view, tree_map
+from ..bridge.tensor._convert import tensor_to_jax, torch_view, tree_map
 
 Rules = Sequence[tuple[str, PartitionSpec]]
 

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
-from .dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
-from .tensor import JaxTensor
+from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
+from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
+from ._tensor import JaxTensor
 
 
 def _is_dtype_like(x) -> bool:
@@ -167,7 +167,7 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    from .dtypes import _TORCH_TO_NP
+    from ..core._dtypes import _TORCH_TO_NP
 
     return _TORCH_TO_NP[dtype]
 
@@ -181,7 +181,7 @@ def array_to_torch(a, *, copy: bool = True) -> torch.Tensor:
     did not allocate copy-on-write, so the default copies.
     """
     if isinstance(a, jax.core.Tracer):
-        from .errors import DataDependentError
+        from ..core._errors import DataDependentError
 
         raise DataDependentError("conversion to a CPU torch.Tensor", "A traced value has no data yet.")
     a = jnp.asarray(a)

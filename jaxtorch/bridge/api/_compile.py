@@ -63,14 +63,14 @@ from typing import Any, Callable
 import jax
 import torch
 
-from . import random as _random
-from . import tensor as _tensor
-from .api import _module_lock, _run_torch
-from .convert import array_to_torch, tensor_to_jax
-from .errors import StateWriteError
-from .reparam import Snapshot, named_state, swap_in
-from .tensor import JaxTensor, write
-from .torch_state import ArgState, Holders
+from ..core import _random
+from ..tensor import _tensor
+from ._jax_first import _module_lock, _run_torch
+from ..tensor._convert import array_to_torch, tensor_to_jax
+from ..core._errors import StateWriteError
+from ..state._binding import Snapshot, named_state, swap_in
+from ..tensor._tensor import JaxTensor, write
+from ..state._holders import ArgState, Holders
 
 
 class Compiled:
@@ -314,7 +314,7 @@ def _find(t, value, name: str) -> str | None:
         return None
     if isinstance(value, (list, tuple, dict)) or hasattr(value, "__dict__"):
         try:
-            from .pytrees import flatten_with_path
+            from ..core._pytrees import flatten_with_path
 
             for path, leaf in flatten_with_path(value)[0]:
                 if isinstance(leaf, torch.Tensor) and id(leaf) in roots:

@@ -20,8 +20,8 @@ from typing import Any
 import jax
 import torch
 
-from .api import extract
-from .convert import to_jax
+from ._jax_first import extract
+from ..tensor._convert import to_jax
 
 
 def _spec(x, batch: Any):

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..ops import registry
+from ...ops import registry
 
 aten = torch.ops.aten
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .reparam import named_state
+from ._binding import named_state
 
 ConvLayout = Literal["torch", "flax"]
 Kernels = dict[str, tuple[str, tuple[int, ...]]]  # torch name -> (Flax-style name, permutation)

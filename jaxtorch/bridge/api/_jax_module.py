@@ -21,8 +21,8 @@ import equinox as eqx
 import jax
 import torch
 
-from .autograd import call_jax
-from .tensor import JaxTensor
+from ..tensor._autograd import call_jax
+from ..tensor._tensor import JaxTensor
 
 
 def _is_nnx(module) -> bool:

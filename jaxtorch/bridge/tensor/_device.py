@@ -49,7 +49,7 @@ class _JaxDeviceModule:
     @staticmethod
     def manual_seed_all(seed: int) -> None:
         """Called by `torch.manual_seed`: reseeds jaxtorch's eager random generator."""
-        from . import random as _random
+        from ..core import _random
 
         _random.manual_seed(seed)
 
@@ -58,13 +58,13 @@ class _JaxDeviceModule:
     @staticmethod
     def get_rng_state(device=None) -> torch.Tensor:
         """The eager generator's state as a uint8 tensor (for `torch.random.fork_rng`)."""
-        from . import random as _random
+        from ..core import _random
 
         return _random.get_state()
 
     @staticmethod
     def set_rng_state(state: torch.Tensor, device=None) -> None:
-        from . import random as _random
+        from ..core import _random
 
         _random.set_state(state)
 
@@ -75,7 +75,7 @@ _JIT_NAME = "jaxtorch_device_guard_c10"
 def _prebuilt_guard():
     """The guard module built at install time (setup.py), or None if missing or built for another torch."""
     try:
-        from . import _device_guard
+        from .. import _device_guard
     except ImportError:  # not built (a source checkout without `pip install -e .`), or it does not link
         return None
     return _device_guard if _device_guard.TORCH_VERSION == torch.__version__ else None
@@ -85,7 +85,7 @@ def _build_guard_now():
     """Compile the guard with torch's cpp_extension (cached in its build directory), saying so first."""
     from torch.utils.cpp_extension import _get_build_directory, load
 
-    src = Path(__file__).with_name("_device_guard.cpp")
+    src = Path(__file__).parent.parent / "_device_guard.cpp"
     built = Path(_get_build_directory(_JIT_NAME, False)) / f"{_JIT_NAME}.so"
     if not built.exists() or built.stat().st_mtime < src.stat().st_mtime:
         # measured: 12-13 s on 2 cores shared with many busy processes (load ~16); less on a quiet machine
@@ -195,7 +195,7 @@ def _refuse_uninitialized(module: torch.nn.Module) -> None:
 
     for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
         if isinstance(t, UninitializedTensorMixin):
-            from .errors import JaxtorchError
+            from ..core._errors import JaxtorchError
 
             raise JaxtorchError(
                 f"jaxtorch cannot move `{name}` to or from the jax device: it is an uninitialized parameter of a "
@@ -224,7 +224,7 @@ def _keeping_parameters(module: torch.nn.Module):
         except RuntimeError as e:
             if "Couldn't swap" not in str(e):
                 raise
-            from .errors import JaxtorchError
+            from ..core._errors import JaxtorchError
 
             raise JaxtorchError(
                 f"jaxtorch moves a module across the jax device keeping its Parameter objects (so optimizers and "
@@ -252,7 +252,7 @@ def _own_root(p: torch.Tensor) -> None:
     dropped (otherwise every array the Parameter holds has a second holder, which keeps lazy mode
     from donating it on the first step).
     """
-    from .tensor import JaxTensor, _identity
+    from ._tensor import JaxTensor, _identity
 
     if not isinstance(p, JaxTensor) or p._jt_base is None or p._jt_view_fn is not _identity:
         return

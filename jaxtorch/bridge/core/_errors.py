@@ -30,7 +30,7 @@ class UnsupportedOpError(JaxtorchError, NotImplementedError):
 
 
 # Frames that are machinery between the user's line and the op (jaxtorch, torch's dispatch, jax).
-_MACHINERY = (str(Path(__file__).resolve().parents[1]), "torch/_ops.py", "torch/overrides.py", "torch/_tensor.py",
+_MACHINERY = (str(Path(__file__).resolve().parents[2]), "torch/_ops.py", "torch/overrides.py", "torch/_tensor.py",
               "torch/utils/_python_dispatch.py", "torch/utils/_device.py", "torch/_prims_common", "/jax/",
               "torch/_decomp", "torch/_refs", "torch/utils/_contextlib.py", "torch/nn/modules/module.py")
 

@@ -26,11 +26,11 @@ import jax.numpy as jnp
 import optax
 import torch
 
-from ..bridge.api import extract
-from ..bridge.layouts import ConvLayout
-from ..bridge.convert import to_jax, tree_map
-from .precision import MixedPrecision, resolve
-from .state import Trainable, TrainState, buffer_names, select
+from ..bridge.api._jax_first import extract
+from ..bridge.state._layouts import ConvLayout
+from ..bridge.tensor._convert import to_jax, tree_map
+from ._precision import MixedPrecision, resolve
+from ._state import Trainable, TrainState, buffer_names, select
 
 Remat = None | bool | str | Callable
 

@@ -57,8 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.lax.lax import _convert_element_type
 
-from . import eager
-from .precision import matmul_precision
+from . import _eager as eager
+from ._precision import matmul_precision
 
 # ACTIVE[0]: whether ops on the jax device are recorded. One process-wide switch (torch's
 # autograd runs backward ops on its own thread, which must record too).
@@ -200,7 +200,7 @@ def metrics_report() -> str:
 
 # ---- where in the user's code ----------------------------------------------------------
 _PKG_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
-                  for f in (os.path.dirname(os.path.dirname(__file__)) + os.sep + "x", jax.__file__,
+                  for f in (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep + "x", jax.__file__,
                             __import__("torch").__file__))
 _SKIP = (os.sep + "contextlib.py", os.sep + "threading.py")
 

@@ -30,16 +30,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from jax._src import core as _jax_core
 
-from .. import ops as _ops  # noqa: F401  (registers all lowerings)
-from ..ops import registry
-from . import eager, foreach, lazy, tracing
-from . import tensor as _tensor
-from .convert import array_to_torch, tensor_to_jax
-from .device import is_jax_device, jax_device_of
-from .dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
-from .errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
-from .random import next_key
-from .tensor import JaxTensor, make_view, rebind, write, write_many
+from ... import ops as _ops  # noqa: F401  (registers all lowerings)
+from ...ops import registry
+from ..core import _eager as eager, _lazy as lazy, _tracing as tracing
+from . import _foreach as foreach
+from ..tensor import _tensor
+from ..tensor._convert import array_to_torch, tensor_to_jax
+from ..tensor._device import is_jax_device, jax_device_of
+from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
+from ..core._errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
+from ..core._random import next_key
+from ..tensor._tensor import JaxTensor, make_view, rebind, write, write_many
 
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer

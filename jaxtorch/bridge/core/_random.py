@@ -21,7 +21,7 @@ import threading
 import jax
 from jax._src import core as _jax_core
 
-from .errors import MissingKeyError
+from ._errors import MissingKeyError
 
 _lock = threading.Lock()
 _global = {"key": None, "seed": 0}

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 import torch
 
-from .convert import tensor_to_jax, tree_map
-from .tensor import JaxTensor
+from ._convert import tensor_to_jax, tree_map
+from ._tensor import JaxTensor
 
 
 def _to_array(t: torch.Tensor):
@@ -59,7 +59,7 @@ class _JaxVjp(torch.autograd.Function):
             if g is None:
                 result.append(None)
             elif cpu:
-                from .convert import array_to_torch
+                from ._convert import array_to_torch
 
                 result.append(array_to_torch(g))
             else:
