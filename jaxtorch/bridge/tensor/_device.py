@@ -252,15 +252,10 @@ def _own_root(p: torch.Tensor) -> None:
     dropped (otherwise every array the Parameter holds has a second holder, which keeps lazy mode
     from donating it on the first step).
     """
-    from ._tensor import JaxTensor, _identity
+    from ._tensor import JaxTensor, own_root
 
-    if not isinstance(p, JaxTensor) or p._jt_base is None or p._jt_view_fn is not _identity:
-        return
-    root = p._jt_base
-    # holders: `p`'s attribute, `root`, getrefcount's argument
-    if sys.getrefcount(root) == 3 and root.dtype == p.dtype and tuple(root.shape) == tuple(p.shape) \
-            and isinstance(root._jt_elem, jax.Array):
-        p._jt_elem, p._jt_base, p._jt_view_fn = root._jt_elem, None, None
+    if isinstance(p, JaxTensor):
+        own_root(p, holders=0)
 
 
 def _patch_module_moves() -> None:

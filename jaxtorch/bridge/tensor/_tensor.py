@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import jax
@@ -435,3 +436,48 @@ def rebind(t: JaxTensor, src: JaxTensor) -> None:
         t._jt_version = root._jt_version
     if type(t._jt_elem) is _Lazy:
         _lazy.track(t)
+
+
+# ---- accessors: the only way other modules read or change a tensor's private fields ----------
+def root(t: JaxTensor) -> JaxTensor:
+    """The tensor whose array `t` reads: `t` itself, or the root of the view `t`."""
+    base = t._jt_base
+    return t if base is None else base
+
+
+def root_data(t: JaxTensor) -> Any:
+    """What the root of `t` holds now (a `jax.Array`, a tracer or a pending `LazyArray`), not replayed."""
+    base = t._jt_base
+    return (t if base is None else base)._jt_elem
+
+
+def set_root_data(t: JaxTensor, value: Any) -> None:
+    """Give the root of `t` the array `value` (same shape and dtype): no cast, no write checks;
+    views of it replay on their next read. For state the bridge itself moves (binding a
+    module's state into a program, resharding, gradient barriers)."""
+    r = root(t)
+    r._jt_elem = value
+    r._jt_version += 1
+    if type(value) is _Lazy:
+        _lazy.track(r)
+
+
+def was_written(t: JaxTensor) -> bool:
+    """Whether the root of `t` was written (or rebound) since it was made."""
+    return root(t)._jt_version != 0
+
+
+def own_root(p: JaxTensor, holders: int) -> None:
+    """Make `p`, an identity view of a root nothing else holds, the root of its data.
+
+    `holders` is how many references to the root the caller's frame sees besides `p`'s own
+    (`sys.getrefcount` of the root as the caller counts it). Anything else holding the root
+    keeps the view as it is.
+    """
+    base = p._jt_base
+    if base is None or p._jt_view_fn is not _identity:
+        return
+    # references now: `p._jt_base`, `base`, getrefcount's argument, plus the caller's
+    if sys.getrefcount(base) == 3 + holders and base.dtype == p.dtype and tuple(base.shape) == tuple(p.shape) \
+            and isinstance(base._jt_elem, jax.Array):
+        p._jt_elem, p._jt_base, p._jt_view_fn = base._jt_elem, None, None
