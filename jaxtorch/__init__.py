@@ -30,7 +30,15 @@ from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.core._pytrees import register_object
 from .bridge.dispatch._environment import default_env, disable_globally, enable_globally
 from .bridge.core._lazy import lazy, sync
-from .bridge.core._errors import DataDependentError, DeviceMismatchError, Float64Error, MissingKeyError, StateWriteError, UnsupportedOpError
+from .bridge.core._errors import (
+    DataDependentError,
+    DeviceMismatchError,
+    Float64Error,
+    JaxtorchError,
+    MissingKeyError,
+    StateWriteError,
+    UnsupportedOpError,
+)
 from .bridge.core._random import manual_seed
 from .bridge.tensor._tensor import JaxTensor
 from .ops.registry import register_op
@@ -70,6 +78,7 @@ __all__ = [
     "DataDependentError",
     "DeviceMismatchError",
     "Float64Error",
+    "JaxtorchError",
     "MissingKeyError",
     "StateWriteError",
     "UnsupportedOpError",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -53,12 +53,14 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
     """
     from transformers.cache_utils import StaticCache
 
-    cfg = model.config.get_text_config(decoder=True)
+    config: Any = model.config
+    cfg = config.get_text_config(decoder=True)
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     dtype = next(model.parameters()).dtype
-    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
     cache.early_initialization(batch_size, heads, head_dim, dtype, JAX_DEVICE)
+    layer: Any
     for layer in cache.layers:  # the position counter, made on the CPU, joins the others
         if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
             layer.cumulative_length = to_jax(layer.cumulative_length)
@@ -89,7 +91,7 @@ def greedy_decoder(model: torch.nn.Module, *, max_cache_len: int) -> Callable:
 
     @functools.partial(jax.jit, static_argnames="steps")
     def run(params, ids, cache, steps: int):
-        decode.compilations += 1  # runs once per trace
+        decode.compilations += 1  # type: ignore[attr-defined]  # runs once per trace
         out = fn(params, ids, logits_to_keep=1, **{key: cache})
         tok = jnp.argmax(out.logits[:, -1], axis=-1).astype(ids.dtype)
 
@@ -110,7 +112,7 @@ def greedy_decoder(model: torch.nn.Module, *, max_cache_len: int) -> Callable:
         cache = static_cache(model, batch_size=ids.shape[0], max_cache_len=max_cache_len)
         return run(params, ids, cache, max_new_tokens)
 
-    decode.compilations = 0
+    decode.compilations = 0  # type: ignore[attr-defined]
     return decode
 
 

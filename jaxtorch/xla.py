@@ -32,7 +32,7 @@ import torch
 
 from .bridge.core import _lazy
 from .bridge.tensor._device import DEVICE_TYPE
-from .bridge.core._lazy import LazyMetrics, clear_metrics, metrics, metrics_report
+from .bridge.core._lazy import LazyGraphWarning, LazyMetrics, clear_metrics, metrics, metrics_report
 from .bridge.tensor._tensor import JaxTensor
 from .train._sharding import DeviceLoader, data_mesh
 
@@ -180,6 +180,7 @@ def _jax_device(d) -> jax.Device:
 
 
 __all__ = [
+    "LazyGraphWarning",
     "LazyMetrics",
     "MpDeviceLoader",
     "ParallelLoader",

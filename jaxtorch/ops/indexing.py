@@ -40,7 +40,7 @@ def _is_mask(ix) -> bool:
 
 def _index_tuple(indices: Sequence) -> tuple:
     """torch's `Tensor?[]` indices -> a NumPy-style index tuple (masks become their nonzeros)."""
-    out = []
+    out: list = []
     for ix in indices:
         if ix is None:
             out.append(slice(None))

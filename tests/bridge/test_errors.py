@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.core._errors import JaxtorchError
+from jaxtorch import JaxtorchError
 
 
 def test_unsupported_op_names_the_op_and_how_to_register():

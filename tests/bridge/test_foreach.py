@@ -12,7 +12,7 @@ import torch
 import jaxtorch
 import jaxtorch.xla as xm
 from jaxtorch.bridge.dispatch import _foreach as foreach
-from jaxtorch.bridge.core._errors import Float64Error
+from jaxtorch import Float64Error
 from torch.testing._internal.common_methods_invocations import (
     foreach_binary_op_db,
     foreach_other_op_db,

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import jaxtorch
 import jaxtorch.xla as xm
 from jaxtorch.bridge.core import _lazy as lazy_mod
-from jaxtorch.bridge.core._lazy import LazyArray, LazyGraphWarning
+from jaxtorch.bridge.core._lazy import LazyArray
+from jaxtorch.xla import LazyGraphWarning
 
 from benchmarks.models import gpt2
 

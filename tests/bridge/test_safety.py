@@ -15,7 +15,7 @@ from torch import nn
 
 import jaxtorch
 from jaxtorch.bridge.tensor._convert import tensor_to_jax
-from jaxtorch.bridge.core._errors import StateWriteError
+from jaxtorch import StateWriteError
 
 
 class ConvBN(nn.Module):

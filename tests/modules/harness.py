@@ -32,7 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import jaxtorch
-from jaxtorch.bridge.core._errors import DataDependentError
+from jaxtorch import DataDependentError
 from tests.opinfo.harness import _compare
 
 MODES = ("jit", "grad", "torch_first")

@@ -33,7 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import jaxtorch
-from jaxtorch.bridge.core._errors import DataDependentError
+from jaxtorch import DataDependentError
 
 MODES = ("eager", "jit", "grad")
 DTYPES = (torch.float32, torch.int64, torch.bool)

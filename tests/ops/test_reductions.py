@@ -18,7 +18,7 @@ import torch
 import jaxtorch
 
 from . import _compare
-from jaxtorch.bridge.core._errors import DataDependentError
+from jaxtorch import DataDependentError
 
 NAN = float("nan")
 

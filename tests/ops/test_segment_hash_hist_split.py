@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.core._errors import DataDependentError
+from jaxtorch import DataDependentError
 
 from . import _compare
 

@@ -246,13 +246,16 @@ _rebuilt: dict[int, tuple] = {}  # id(obj) -> (weakref to obj, its child names w
 
 def object_rebuild(cls: type, names, children, static: _Static):
     """The inverse of `object_split`: a new `cls` instance with those attributes (no `__init__`)."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     d = obj.__dict__
     d.update(static.items)
     d.update(zip(names, children))
     if names:
         key = id(obj)
-        _rebuilt[key] = (weakref.ref(obj, lambda _, key=key: _rebuilt.pop(key, None)), frozenset(names))
+        def forget(_: object, key: int = key) -> None:
+            _rebuilt.pop(key, None)
+
+        _rebuilt[key] = (weakref.ref(obj, forget), frozenset(names))
     return obj
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Any
 
 import jax
 from jax._src import core as _jax_core
@@ -24,7 +25,7 @@ from jax._src import core as _jax_core
 from ._errors import MissingKeyError
 
 _lock = threading.Lock()
-_global = {"key": None, "seed": 0}
+_global: dict[str, Any] = {"key": None, "seed": 0}
 _local = threading.local()
 
 
@@ -56,7 +57,7 @@ def set_state(state) -> None:
     data = raw[16:].view(np.uint32)
     with _lock:
         _global["seed"] = int(seed)
-        _global["key"] = jax.random.wrap_key_data(data) if has_key else None
+        _global["key"] = jax.random.wrap_key_data(jax.numpy.asarray(data)) if has_key else None
 
 
 def _eager_key() -> jax.Array:
