@@ -6,7 +6,7 @@ rendered by mkdocs-jupyter), so a new notebook appears without editing mkdocs.ym
 README links are relative to the repository root. In the site:
 - a link to a notebook (`notebooks/NN_name.ipynb`) goes to the notebook's page (rendered from
   its jupytext source `notebooks/NN_name.py`);
-- a link to a Markdown file that is also a page stays a link;
+- a link to a Markdown file that is also a page stays a link (`docs/x.md` becomes `x.md`);
 - a link to another file of the repository (a test, a benchmark README) becomes its text, since
   that file is not part of the site; a link to a file that does not exist is left alone, so the
   strict build reports it.
@@ -30,6 +30,8 @@ def _rewrite(match: re.Match, pages: set[str]) -> str:
         source = target[: -len(".ipynb")] + ".py"
         if (ROOT / source).exists():
             return f"[{text}]({source}{anchor})"
+    if target.startswith("docs/") and target[len("docs/"):] in pages:
+        return f"[{text}]({target[len('docs/'):]}{anchor})"
     if target in pages or not (ROOT / target).exists():
         return match.group(0)
     return text
