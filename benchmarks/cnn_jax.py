@@ -17,14 +17,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-
 from models import MobileNetV2, ResNet18
 
 _DN = ("NHWC", "HWIO", "NHWC")
@@ -39,24 +38,41 @@ def _conv_bn(conv: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d, train: bool) -> di
     w = _np(conv.weight).transpose(2, 3, 1, 0)  # OIHW -> HWIO
     invstd = 1.0 / np.sqrt(_np(bn.running_var) + bn.eps)
     if train:
-        return {"w": jnp.asarray(w), "gamma": jnp.asarray(_np(bn.weight)), "beta": jnp.asarray(_np(bn.bias)),
-                "mean": jnp.asarray(_np(bn.running_mean)), "var": jnp.asarray(_np(bn.running_var))}
+        return {
+            "w": jnp.asarray(w),
+            "gamma": jnp.asarray(_np(bn.weight)),
+            "beta": jnp.asarray(_np(bn.bias)),
+            "mean": jnp.asarray(_np(bn.running_mean)),
+            "var": jnp.asarray(_np(bn.running_var)),
+        }
     scale = _np(bn.weight) * invstd
     return {"w": jnp.asarray(w * scale), "b": jnp.asarray(_np(bn.bias) - _np(bn.running_mean) * scale)}
 
 
-def _apply_conv_bn(p: dict, x: jax.Array, stride: int, pad: int, groups: int, momentum: float, eps: float,
-                   stats: list) -> jax.Array:
-    y = lax.conv_general_dilated(x, p["w"], (stride, stride), [(pad, pad)] * 2, dimension_numbers=_DN,
-                                 feature_group_count=groups, precision=lax.Precision.HIGHEST)
+def _apply_conv_bn(
+    p: dict, x: jax.Array, stride: int, pad: int, groups: int, momentum: float, eps: float, stats: list
+) -> jax.Array:
+    y = lax.conv_general_dilated(
+        x,
+        p["w"],
+        (stride, stride),
+        [(pad, pad)] * 2,
+        dimension_numbers=_DN,
+        feature_group_count=groups,
+        precision=lax.Precision.HIGHEST,
+    )
     if "b" in p:  # eval: BatchNorm folded into the weights
         return y + p["b"]
     mean = jnp.mean(y, axis=(0, 1, 2))
     var = jnp.mean(jnp.square(y - mean), axis=(0, 1, 2))
     scale = p["gamma"] * lax.rsqrt(var + eps)
     n = y.size // y.shape[-1]
-    stats.append({"mean": (1 - momentum) * p["mean"] + momentum * mean,
-                  "var": (1 - momentum) * p["var"] + momentum * var * (n / (n - 1))})
+    stats.append(
+        {
+            "mean": (1 - momentum) * p["mean"] + momentum * mean,
+            "var": (1 - momentum) * p["var"] + momentum * var * (n / (n - 1)),
+        }
+    )
     return y * scale + (p["beta"] - mean * scale)
 
 
@@ -96,8 +112,11 @@ def _mobilenet_v2(model: MobileNetV2, train: bool) -> tuple[dict, Callable]:
     layers = [(feats[0], feats[1], True)]
     for blk in feats[3:-3]:
         body = list(blk.body)
-        convs = [(body[i], body[i + 1], i + 2 < len(body) and isinstance(body[i + 2], torch.nn.ReLU6))
-                 for i in range(len(body)) if isinstance(body[i], torch.nn.Conv2d)]
+        convs = [
+            (body[i], body[i + 1], i + 2 < len(body) and isinstance(body[i + 2], torch.nn.ReLU6))
+            for i in range(len(body))
+            if isinstance(body[i], torch.nn.Conv2d)
+        ]
         layers.append((convs, blk.residual))
     layers.append((feats[-3], feats[-2], True))
     for layer in layers:
@@ -160,4 +179,3 @@ def with_torch_layout(params: dict, fn: Callable) -> tuple[dict, Callable]:
     to_oihw = lambda a: a.transpose(3, 2, 0, 1) if a.ndim == 4 else a  # noqa: E731
     to_hwio = lambda a: a.transpose(2, 3, 1, 0) if a.ndim == 4 else a  # noqa: E731
     return jax.tree_util.tree_map(to_oihw, params), lambda p, x: fn(jax.tree_util.tree_map(to_hwio, p), x)
-

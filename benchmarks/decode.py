@@ -37,9 +37,17 @@ from jaxtorch.generation import greedy_decoder
 
 
 def build(layers: int, width: int, vocab: int) -> torch.nn.Module:
-    config = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=width, num_attention_heads=8,
-                                      num_key_value_heads=4, intermediate_size=width * 8 // 3, vocab_size=vocab,
-                                      max_position_embeddings=1024, bos_token_id=0, eos_token_id=0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=width,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=width * 8 // 3,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -49,8 +57,10 @@ def torch_generate(model, ids, new: int, threads: int, cache: str | None):
         torch.set_num_threads(threads)
         kw = {"cache_implementation": cache} if cache else {}
         with torch.no_grad():
-            return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                  pad_token_id=0, **kw)[:, ids.shape[1]:]
+            return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **kw)[
+                :, ids.shape[1] :
+            ]
+
     return run
 
 
@@ -59,6 +69,7 @@ def jaxtorch_scan(model, ids, new: int):
 
     def run():
         return torch.from_numpy(np.asarray(decode(ids, new)).astype(np.int64))
+
     return run
 
 
@@ -82,6 +93,7 @@ def jaxtorch_step(model, ids, new: int):
                 tok = step(jm, tok, cache)
                 toks.append(tok)
             return torch.cat([t.cpu() for t in toks], dim=1)
+
     return run
 
 
@@ -121,8 +133,10 @@ def main() -> None:
     torch.set_num_threads(cores)
 
     best_torch = max(statistics.median(v) for k, v in rates.items() if k.startswith("torch"))
-    print(f"Llama {args.layers}x{args.width}, vocab {args.vocab}, batch {args.batch}, prompt {args.prompt}, "
-          f"{args.new} new tokens, {args.repeats} interleaved repeats, {cores} cores")
+    print(
+        f"Llama {args.layers}x{args.width}, vocab {args.vocab}, batch {args.batch}, prompt {args.prompt}, "
+        f"{args.new} new tokens, {args.repeats} interleaved repeats, {cores} cores"
+    )
     print("| side | tokens/s (median) | range | / torch's best |")
     print("|---|---|---|---|")
     for name, v in rates.items():

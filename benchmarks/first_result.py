@@ -170,14 +170,24 @@ def main() -> None:
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "KIND"), help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of alternating processes (median, range)")
-    ap.add_argument("--only", default="gpt2,resnet18",
-                    help="comma-separated subset of: gpt2, gpt2:N (N layers instead of 12), resnet18")
+    ap.add_argument(
+        "--only",
+        default="gpt2,resnet18",
+        help="comma-separated subset of: gpt2, gpt2:N (N layers instead of 12), resnet18",
+    )
     ap.add_argument("--kinds", default="forward,gradient", help="comma-separated subset of: forward, gradient")
     ap.add_argument("--no-cache", action="store_true", help="skip the persistent compilation cache rows")
-    ap.add_argument("--before", type=Path, help="another checkout (e.g. `git worktree add /tmp/before HEAD~1`): "
-                    "its children alternate with this checkout's, and a before/after table is printed")
-    ap.add_argument("--flags", help="XLA_FLAGS for the 'after' children (e.g. '--xla_backend_optimization_level=1'); "
-                    "without --before, 'before' is this checkout with the inherited XLA_FLAGS")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout (e.g. `git worktree add /tmp/before HEAD~1`): "
+        "its children alternate with this checkout's, and a before/after table is printed",
+    )
+    ap.add_argument(
+        "--flags",
+        help="XLA_FLAGS for the 'after' children (e.g. '--xla_backend_optimization_level=1'); "
+        "without --before, 'before' is this checkout with the inherited XLA_FLAGS",
+    )
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child, args.cache)))
@@ -204,30 +214,40 @@ def main() -> None:
                 cached[m].append(_spawn(m, "forward", d, root, flags))
             print(_show(f"round {r + 1} {m} forward, warm cache", cached[m][-1]), flush=True)
 
-    print("\n| time to first result (fresh process, median (range) of %d) | / eager forward | target | "
-          "extract / trace / compile / first run, s | compile, CPU s | eager torch forward |\n"
-          "|---|---|---|---|---|---|" % args.repeat)
+    print(
+        f"\n| time to first result (fresh process, median (range) of {args.repeat}) | / eager forward | target | "
+        "extract / trace / compile / first run, s | compile, CPU s | eager torch forward |\n"
+        "|---|---|---|---|---|---|"
+    )
     for (label, m, k), rs in runs.items():
         ratio = _fmt([r["total"] / r["eager"] for r in rs], unit="x")
         split = " / ".join(_fmt([r[s] for r in rs]) for s in STEPS)
         target = "<= 5x" if k == "forward" else "half of before"
-        print(f"| {m} first jitted {k} {label} | {ratio} | {target} | {split} | {_fmt([r['compile_cpu'] for r in rs])} "
-              f"| {_fmt([r['eager'] for r in rs], 1e3)} ms |")
+        print(
+            f"| {m} first jitted {k} {label} | {ratio} | {target} | {split} | {_fmt([r['compile_cpu'] for r in rs])} "
+            f"| {_fmt([r['eager'] for r in rs], 1e3)} ms |"
+        )
     for m in cached:
         if not cached[m]:
             continue
         cold = runs[(next(iter(roots)), m, "forward")]
         ratio = _fmt([c["total"] / r["total"] for c, r in zip(cached[m], cold)], unit="x")
         split = " / ".join(_fmt([c[s] for c in cached[m]]) for s in STEPS)
-        print(f"| {m} first jitted forward, second process, persistent cache / cold | {ratio} | < 0.3x | {split} | "
-              f"{_fmt([c['compile_cpu'] for c in cached[m]])} | cold total {_fmt([r['total'] for r in cold])} s |")
+        print(
+            f"| {m} first jitted forward, second process, persistent cache / cold | {ratio} | < 0.3x | {split} | "
+            f"{_fmt([c['compile_cpu'] for c in cached[m]])} | cold total {_fmt([r['total'] for r in cold])} s |"
+        )
     if "before" in roots:
-        print("\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run "
-              "| steady run |\n|---|---|---|---|---|---|---|")
+        print(
+            "\n| after / before, same rounds (median (range)) | total | trace | compile | compile, CPU | first run "
+            "| steady run |\n|---|---|---|---|---|---|---|"
+        )
         for m, k in jobs:
             a, b = runs[("after", m, k)], runs[("before", m, k)]
-            cells = [_fmt([x[s] / y[s] for x, y in zip(a, b)], unit="x")
-                     for s in ("total", "trace", "compile", "compile_cpu", "run", "steady")]
+            cells = [
+                _fmt([x[s] / y[s] for x, y in zip(a, b)], unit="x")
+                for s in ("total", "trace", "compile", "compile_cpu", "run", "steady")
+            ]
             print(f"| {m} first jitted {k} | " + " | ".join(cells) + " |")
 
 

@@ -85,8 +85,9 @@ def main(n: int = 50) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         logits_path = str(Path(tmp) / "logits.npy")
-        out = subprocess.run([sys.executable, __file__, "--torch", str(n), logits_path], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--torch", str(n), logits_path], check=True, capture_output=True, text=True
+        ).stdout
         ref = json.loads(out.strip().splitlines()[-1])
         ref_logits = np.load(logits_path)
 
@@ -98,10 +99,14 @@ def main(n: int = 50) -> None:
     params = jax.device_put(params, dev)
     f = jax.jit(lambda p, i: fn(p, i).logits)
     err = float(np.max(np.abs(np.asarray(f(params, jids)) - ref_logits)))
-    print(f"| GPT-2 logits, jaxtorch vs torch ({DEV}), max abs diff | {err:.2e} | float32 matmuls at torch's precision |")
+    print(
+        f"| GPT-2 logits, jaxtorch vs torch ({DEV}), max abs diff | {err:.2e} | float32 matmuls at torch's precision |"
+    )
     t = median_time(lambda: f(params, jids).block_until_ready(), n)
-    print(f"| GPT-2 4x256 forward 8x128: jaxtorch jit / torch eager | {t / ref['forward']:.2f}x | "
-          f"{t * 1e3:.2f} ms vs {ref['forward'] * 1e3:.2f} ms |")
+    print(
+        f"| GPT-2 4x256 forward 8x128: jaxtorch jit / torch eager | {t / ref['forward']:.2f}x | "
+        f"{t * 1e3:.2f} ms vs {ref['forward'] * 1e3:.2f} ms |"
+    )
 
     init, step = make_train_step(gpt2(4).train(), lambda out, _: out.loss, optax.adam(1e-4))
     box = {"s": jax.device_put(init(), dev)}
@@ -112,8 +117,10 @@ def main(n: int = 50) -> None:
         loss.block_until_ready()
 
     t = median_time(jt, max(3, n // 2))
-    print(f"| GPT-2 train step (value_and_grad + adam) / torch backward + Adam | {t / ref['train']:.2f}x | "
-          f"{t * 1e3:.2f} ms vs {ref['train'] * 1e3:.2f} ms |")
+    print(
+        f"| GPT-2 train step (value_and_grad + adam) / torch backward + Adam | {t / ref['train']:.2f}x | "
+        f"{t * 1e3:.2f} ms vs {ref['train'] * 1e3:.2f} ms |"
+    )
 
     jaxtorch.enable_globally()
     try:
@@ -123,8 +130,10 @@ def main(n: int = 50) -> None:
         t_j = median_time(lambda: (ja + jb).block_until_ready(), 40 * n, warmup=200)
     finally:
         jaxtorch.disable_globally()
-    print(f"| eager `a + b` 64x64 / plain JAX (both synchronized) | {t_jt / t_j:.2f}x | "
-          f"{t_jt * 1e6:.1f} us vs {t_j * 1e6:.1f} us |")
+    print(
+        f"| eager `a + b` 64x64 / plain JAX (both synchronized) | {t_jt / t_j:.2f}x | "
+        f"{t_jt * 1e6:.1f} us vs {t_j * 1e6:.1f} us |"
+    )
 
 
 if __name__ == "__main__":

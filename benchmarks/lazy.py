@@ -71,7 +71,7 @@ def framework_floor(layers: int, seq: int, steps: int = 7) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     ids = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(0))
     times = []
-    for i in range(3 + steps):
+    for _ in range(3 + steps):
         t0 = time.perf_counter()
         step(model, opt, ids)
         times.append(time.perf_counter() - t0)
@@ -87,8 +87,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--skip", default="", help="comma-separated: eager,torch,jit")
-    parser.add_argument("--sync-every", type=int, default=1,
-                        help="steps per timed sample; every row waits for its loss once per sample")
+    parser.add_argument(
+        "--sync-every", type=int, default=1, help="steps per timed sample; every row waits for its loss once per sample"
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     g = torch.Generator().manual_seed(0)
@@ -116,6 +117,7 @@ def main() -> None:
 
     def waiting(name, run_step):
         """A row's step: `run_step()` returns the loss; `wait` blocks on it."""
+
         def run(wait: bool):
             t0 = time.perf_counter()
             loss = run_step()
@@ -123,6 +125,7 @@ def main() -> None:
                 t1 = time.perf_counter()
                 loss.item() if loss.device.type == "cpu" else loss.jax().block_until_ready()
                 parts.setdefault(name, []).append((t1 - t0, time.perf_counter() - t1))
+
         return run
 
     runs["lazy"] = lazy_step
@@ -140,7 +143,7 @@ def main() -> None:
     xm.clear_metrics()
     first = {}
     compiles_by_step = []
-    for i in range(args.warmup):
+    for _ in range(args.warmup):
         for name, run in runs.items():
             t0 = time.perf_counter()
             run(True)
@@ -161,28 +164,37 @@ def main() -> None:
             times[name].append((time.perf_counter() - t0) / n)
     m = xm.metrics()
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"GPT-2 {args.layers}x{args.width}, batch {args.batch}x{args.seq}, AdamW, backward + step + mark_step; "
-          f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
-          f"{args.steps} timed samples of {n} step(s) (loss waited for once per sample) after {args.warmup} "
-          f"warm-up steps, interleaved; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"GPT-2 {args.layers}x{args.width}, batch {args.batch}x{args.seq}, AdamW, backward + step + mark_step; "
+        f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
+        f"{args.steps} timed samples of {n} step(s) (loss waited for once per sample) after {args.warmup} "
+        f"warm-up steps, interleaved; load average {os.getloadavg()[0]:.1f}"
+    )
     for name, ts in times.items():
-        print(f"{name:>18}: median {med[name] * 1e3:8.1f} ms/step (range {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}); "
-              f"warm-up steps {', '.join(f'{t:.1f}' for t in first[name])} s; lazy / this {med['lazy'] / med[name]:.2f}x")
+        print(
+            f"{name:>18}: median {med[name] * 1e3:8.1f} ms/step (range {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}); "
+            f"warm-up steps {', '.join(f'{t:.1f}' for t in first[name])} s; lazy / this {med['lazy'] / med[name]:.2f}x"
+        )
     after3 = compiles_by_step[-1] - compiles_by_step[2]
     rec = statistics.median(record)
-    print(f"lazy: compilations per step {compiles_by_step} -> {after3} after the third step; "
-          f"{m.cache_hits} cache hits; unplanned executions {sum(m.unplanned.values())}")
+    print(
+        f"lazy: compilations per step {compiles_by_step} -> {after3} after the third step; "
+        f"{m.cache_hits} cache hits; unplanned executions {sum(m.unplanned.values())}"
+    )
     floor = framework_floor(args.layers, args.seq)
-    print(f"lazy: recording {rec * 1e3:.1f} ms/step = {rec / med['lazy'] * 100:.0f}% of the step "
-          f"({m.ops_recorded[-1]} ops recorded per step); the same step's Python in eager PyTorch "
-          f"(CPU, tiny arrays, foreach AdamW) {floor * 1e3:.1f} ms: recording / that {rec / floor:.2f}x")
+    print(
+        f"lazy: recording {rec * 1e3:.1f} ms/step = {rec / med['lazy'] * 100:.0f}% of the step "
+        f"({m.ops_recorded[-1]} ops recorded per step); the same step's Python in eager PyTorch "
+        f"(CPU, tiny arrays, foreach AdamW) {floor * 1e3:.1f} ms: recording / that {rec / floor:.2f}x"
+    )
     for name in ("lazy", "jaxtorch.jit"):
         if name in parts:
             launch = statistics.median(p[0] for p in parts[name]) * 1e3
             wait = statistics.median(p[1] for p in parts[name]) * 1e3
             what = "recording excluded: mark_step" if name == "lazy" else "the call"
-            print(f"{name}: waited steps: launch ({what}) {launch:.1f} ms + waiting for the loss {wait:.1f} ms "
-                  f"(medians)")
+            print(
+                f"{name}: waited steps: launch ({what}) {launch:.1f} ms + waiting for the loss {wait:.1f} ms (medians)"
+            )
     print(xm.metrics_report())
 
 

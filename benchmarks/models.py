@@ -4,16 +4,24 @@ with the MLP also written by hand in JAX (the reference for the lowering-quality
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import torch
 import transformers
 
 
 def gpt2(n_layer: int, width: int = 256, vocab: int = 8192, seq: int = 128) -> torch.nn.Module:
     """Hugging Face GPT2LMHeadModel from a small config, random weights, dropout off, eval mode."""
-    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=width, n_layer=n_layer,
-                                  n_head=max(1, width // 64), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=vocab,
+        n_positions=seq,
+        n_embd=width,
+        n_layer=n_layer,
+        n_head=max(1, width // 64),
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(cfg).eval()
 
@@ -54,8 +62,9 @@ class _BasicBlock(torch.nn.Module):
         self.bn2 = torch.nn.BatchNorm2d(cout)
         self.down = None
         if stride != 1 or cin != cout:
-            self.down = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                            torch.nn.BatchNorm2d(cout))
+            self.down = torch.nn.Sequential(
+                torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         y = torch.relu(self.bn1(self.conv1(x)))
@@ -96,9 +105,13 @@ class _InvertedResidual(torch.nn.Module):
         layers = []
         if expand != 1:
             layers += [torch.nn.Conv2d(cin, hidden, 1, bias=False), torch.nn.BatchNorm2d(hidden), torch.nn.ReLU6()]
-        layers += [torch.nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
-                   torch.nn.BatchNorm2d(hidden), torch.nn.ReLU6(),
-                   torch.nn.Conv2d(hidden, cout, 1, bias=False), torch.nn.BatchNorm2d(cout)]
+        layers += [
+            torch.nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            torch.nn.BatchNorm2d(hidden),
+            torch.nn.ReLU6(),
+            torch.nn.Conv2d(hidden, cout, 1, bias=False),
+            torch.nn.BatchNorm2d(cout),
+        ]
         self.body = torch.nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
@@ -114,8 +127,15 @@ class MobileNetV2(torch.nn.Module):
     """
 
     # (expansion, channels, repeats, first stride), as in the MobileNetV2 paper
-    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-                (6, 320, 1, 1))
+    SETTINGS = (
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    )
 
     def __init__(self, num_classes: int = 1000):
         super().__init__()

@@ -57,12 +57,16 @@ def main() -> None:
             rows["eager jax device"].append(eager)
             rows["lazy recording"].append(rec)
     ref = statistics.median(rows["eager CPU torch"])
-    print(f"a + b, float32[64], {args.ops} ops x {args.rounds} rounds; torch {torch.__version__}; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"a + b, float32[64], {args.ops} ops x {args.rounds} rounds; torch {torch.__version__}; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     for name, ts in rows.items():
         med = statistics.median(ts)
-        print(f"{name:>18}: median {med:6.2f} us/op (range {min(ts):.2f}-{max(ts):.2f}); / eager CPU torch "
-              f"{med / ref:.2f}x")
+        print(
+            f"{name:>18}: median {med:6.2f} us/op (range {min(ts):.2f}-{max(ts):.2f}); / eager CPU torch "
+            f"{med / ref:.2f}x"
+        )
 
 
 if __name__ == "__main__":

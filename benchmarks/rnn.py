@@ -23,8 +23,9 @@ import jax
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import jaxtorch  # noqa: E402
 from run import interleaved  # noqa: E402
+
+import jaxtorch  # noqa: E402
 
 
 def main() -> None:
@@ -35,9 +36,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--torch-threads", type=int, default=0,
-                        help="torch.set_num_threads (0: torch's default); on a crowded machine OpenMP's "
-                             "spinning threads slow torch's eager LSTM far more than XLA")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch.set_num_threads (0: torch's default); on a crowded machine OpenMP's "
+        "spinning threads slow torch's eager LSTM far more than XLA",
+    )
     args = parser.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -64,10 +69,14 @@ def main() -> None:
     for r in range(args.repeat):
         t_jt, t_torch = interleaved(jt, tt, args.steps, warmup=2)
         ratios.append(t_jt / t_torch)
-        print(f"repeat {r}: jaxtorch {t_jt * 1e3:.1f} ms, torch {t_torch * 1e3:.1f} ms, ratio {t_jt / t_torch:.2f}x",
-              flush=True)
-    print(f"LSTM {args.layers}x{args.hidden}, seq {args.seq}, batch {args.batch}, forward+backward, jitted jaxtorch / "
-          f"eager torch: median {statistics.median(ratios):.2f}x (range {min(ratios):.2f}x-{max(ratios):.2f}x)")
+        print(
+            f"repeat {r}: jaxtorch {t_jt * 1e3:.1f} ms, torch {t_torch * 1e3:.1f} ms, ratio {t_jt / t_torch:.2f}x",
+            flush=True,
+        )
+    print(
+        f"LSTM {args.layers}x{args.hidden}, seq {args.seq}, batch {args.batch}, forward+backward, jitted jaxtorch / "
+        f"eager torch: median {statistics.median(ratios):.2f}x (range {min(ratios):.2f}x-{max(ratios):.2f}x)"
+    )
 
 
 if __name__ == "__main__":

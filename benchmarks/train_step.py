@@ -24,14 +24,22 @@ import optax
 import torch
 import transformers
 
-import jaxtorch
 from jaxtorch.train import make_train_step
 
 
 def build(vocab: int, seq: int) -> torch.nn.Module:
-    config = transformers.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=4, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    config = transformers.GPT2Config(
+        vocab_size=vocab,
+        n_positions=seq,
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config).train()
 
@@ -100,13 +108,17 @@ def main() -> None:
         t_jax += time_steps(jax_step, 0, 1)
 
     med_t, med_j = statistics.median(t_torch), statistics.median(t_jax)
-    print(f"GPT-2-style: 4 layers, width 256, batch {args.batch}x{args.seq}, vocab {args.vocab}; "
-          f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
-          f"{torch.get_num_threads()} torch threads; steps interleaved")
+    print(
+        f"GPT-2-style: 4 layers, width 256, batch {args.batch}x{args.seq}, vocab {args.vocab}; "
+        f"torch {torch.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}, "
+        f"{torch.get_num_threads()} torch threads; steps interleaved"
+    )
     print(f"first losses: torch {losses_t[0]:.4f}  jaxtorch {losses_j[0]:.4f}")
     print(f"eager PyTorch (backward + Adam): median {med_t * 1e3:.1f} ms/step over {args.steps} steps")
-    print(f"jaxtorch jitted step (optax adam): median {med_j * 1e3:.1f} ms/step (first call incl. compile "
-          f"{compile_s:.1f} s)")
+    print(
+        f"jaxtorch jitted step (optax adam): median {med_j * 1e3:.1f} ms/step (first call incl. compile "
+        f"{compile_s:.1f} s)"
+    )
     print(f"ratio jaxtorch / PyTorch: {med_j / med_t:.2f}x")
 
 

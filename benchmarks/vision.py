@@ -26,8 +26,8 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +36,11 @@ import optax
 import torch
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # this checkout's jaxtorch
-import jaxtorch  # noqa: E402
 from cnn_jax import convert, with_torch_layout  # noqa: E402
-from jaxtorch.train import make_train_step  # noqa: E402
 from models import cnn  # noqa: E402
+
+import jaxtorch  # noqa: E402
+from jaxtorch.train import make_train_step  # noqa: E402
 
 BATCH, SIZE, LR, MOMENTUM = 8, 112, 0.01, 0.9
 ROWS: list[tuple[str, ...]] = []
@@ -69,13 +70,21 @@ def hlo_counts(text: str) -> dict[str, int]:
     (fused ones included): transposes, copies, convolutions, fusions, the YNNPACK fusions that run
     XLA:CPU's convolutions, reduce-windows, select-and-scatters, scatters."""
     lines = text.splitlines()
-    entry = text[text.index("\nENTRY"):].splitlines()
+    entry = text[text.index("\nENTRY") :].splitlines()
     relayouts = sum(1 for ln in entry if re.search(r"%(transpose|copy)[\w.-]* = ", ln))
     count = lambda op: sum(1 for ln in lines if re.search(rf"= \S+ {op}\(", ln))  # noqa: E731
     conv_fusions = sum(1 for ln in lines if re.search(r"ynn_fusion[.\d]* = ", ln))
-    return {"entry relayouts": relayouts, "transpose": count("transpose"), "copy": count("copy"), "convolution": count("convolution"),
-            "fusion": count("fusion"), "ynn-fusion": conv_fusions, "reduce-window": count("reduce-window"),
-            "select-and-scatter": count("select-and-scatter"), "scatter": count("scatter")}
+    return {
+        "entry relayouts": relayouts,
+        "transpose": count("transpose"),
+        "copy": count("copy"),
+        "convolution": count("convolution"),
+        "fusion": count("fusion"),
+        "ynn-fusion": conv_fusions,
+        "reduce-window": count("reduce-window"),
+        "select-and-scatter": count("select-and-scatter"),
+        "scatter": count("scatter"),
+    }
 
 
 def _ratio_range(a: list[float], b: list[float]) -> str:
@@ -90,10 +99,17 @@ def _ms(ts: list[float]) -> str:
 def _report(name: str, t: dict[str, list], target_torch: str, target_ref: str, side: str = "jaxtorch") -> None:
     jt, tt, ref = t[side], t["torch"], t["nhwc"]
     oihw = t.get("nhwc_oihw")
-    row = (name, _ratio_range(jt, tt), target_torch, _ratio_range(jt, ref), target_ref,
-           _ratio_range(jt, oihw) if oihw else "-", _ratio_range(ref, tt),
-           f"{side} {_ms(jt)}, torch {_ms(tt)}, NHWC JAX {_ms(ref)}"
-           + (f", NHWC JAX with OIHW weights {_ms(oihw)}" if oihw else ""))
+    row = (
+        name,
+        _ratio_range(jt, tt),
+        target_torch,
+        _ratio_range(jt, ref),
+        target_ref,
+        _ratio_range(jt, oihw) if oihw else "-",
+        _ratio_range(ref, tt),
+        f"{side} {_ms(jt)}, torch {_ms(tt)}, NHWC JAX {_ms(ref)}"
+        + (f", NHWC JAX with OIHW weights {_ms(oihw)}" if oihw else ""),
+    )
     ROWS.append(row)
     print(" | ".join(row), flush=True)
 
@@ -123,17 +139,26 @@ def bench_forward(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
         with torch.no_grad():
             model(x)
 
-    t = timed_rounds({"jaxtorch": lambda: f_jt(params, jx).block_until_ready(),
-                      "jaxtorch flax layout": lambda: f_flax(fparams, jx).block_until_ready(), "torch": torch_fwd,
-                      "nhwc": lambda: f_ref(rparams, jx_nhwc).block_until_ready(),
-                      "nhwc_oihw": lambda: f_oihw(oparams, jx_nhwc).block_until_ready()}, rounds, calls)
+    t = timed_rounds(
+        {
+            "jaxtorch": lambda: f_jt(params, jx).block_until_ready(),
+            "jaxtorch flax layout": lambda: f_flax(fparams, jx).block_until_ready(),
+            "torch": torch_fwd,
+            "nhwc": lambda: f_ref(rparams, jx_nhwc).block_until_ready(),
+            "nhwc_oihw": lambda: f_oihw(oparams, jx_nhwc).block_until_ready(),
+        },
+        rounds,
+        calls,
+    )
     _report(f"{name} forward (eval)", t, "<= 1.0x", "<= 1.1x")
-    _report(f"{name} forward (eval), `conv_layout=\"flax\"`", t, "<= 1.0x", "<= 1.1x", side="jaxtorch flax layout")
+    _report(f'{name} forward (eval), `conv_layout="flax"`', t, "<= 1.0x", "<= 1.1x", side="jaxtorch flax layout")
     c_jt = hlo_counts(f_jt.lower(params, jx).compile().as_text())
     c_flax = hlo_counts(f_flax.lower(fparams, jx).compile().as_text())
     c_ref = hlo_counts(f_ref.lower(rparams, jx_nhwc).compile().as_text())
-    print(f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO flax layout {c_flax}\n"
-          f"  optimized HLO NHWC     {c_ref}", flush=True)
+    print(
+        f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO flax layout {c_flax}\n  optimized HLO NHWC     {c_ref}",
+        flush=True,
+    )
     if show_hlo:
         Path(f"/tmp/{name}_fwd_jaxtorch.hlo").write_text(f_jt.lower(params, jx).compile().as_text())
         Path(f"/tmp/{name}_fwd_nhwc.hlo").write_text(f_ref.lower(rparams, jx_nhwc).compile().as_text())
@@ -172,6 +197,7 @@ def bench_train(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
         def loss_fn(p):
             logits, stats = rfn(p, x)
             return _xent(logits, y), stats
+
         (loss, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(p)
         u, s = opt.update(g, s, p)
         return optax.apply_updates(p, u), s, stats, loss
@@ -203,16 +229,19 @@ def bench_train(name: str, rounds: int, calls: int, show_hlo: bool) -> None:
 
     t = timed_rounds({"jaxtorch": jt, "jaxtorch flax layout": jt_flax, "torch": tt, "nhwc": ref}, rounds, calls)
     _report(f"{name} train step (SGD)", t, "<= 1.0x", "-")
-    _report(f"{name} train step (SGD), `conv_layout=\"flax\"`", t, "<= 1.0x", "-", side="jaxtorch flax layout")
+    _report(f'{name} train step (SGD), `conv_layout="flax"`', t, "<= 1.0x", "-", side="jaxtorch flax layout")
     c_jt = hlo_counts(step.lower(box["s"], jx, jy).compile().as_text())
     c_flax = hlo_counts(fstep.lower(fbox["s"], jx, jy).compile().as_text())
     c_ref = hlo_counts(ref_step.lower(rbox["p"], rbox["s"], jx_nhwc, jy).compile().as_text())
-    print(f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO flax layout {c_flax}\n"
-          f"  optimized HLO NHWC     {c_ref}", flush=True)
+    print(
+        f"  optimized HLO jaxtorch {c_jt}\n  optimized HLO flax layout {c_flax}\n  optimized HLO NHWC     {c_ref}",
+        flush=True,
+    )
     if show_hlo:
         Path(f"/tmp/{name}_train_jaxtorch.hlo").write_text(step.lower(box["s"], jx, jy).compile().as_text())
         Path(f"/tmp/{name}_train_nhwc.hlo").write_text(
-            ref_step.lower(rbox["p"], rbox["s"], jx_nhwc, jy).compile().as_text())
+            ref_step.lower(rbox["p"], rbox["s"], jx_nhwc, jy).compile().as_text()
+        )
 
 
 def main() -> None:
@@ -229,8 +258,10 @@ def main() -> None:
         if "train" in args.mode:
             bench_train(name, args.rounds, args.calls, args.hlo)
     print(f"\nbatch {BATCH}, 3x{SIZE}x{SIZE}; ranges over {args.rounds} rounds of {args.calls} interleaved calls\n")
-    print("| benchmark | jaxtorch / eager torch | target | jaxtorch / NHWC JAX | target "
-          "| jaxtorch / NHWC JAX taking OIHW weights | NHWC JAX / eager torch | detail |")
+    print(
+        "| benchmark | jaxtorch / eager torch | target | jaxtorch / NHWC JAX | target "
+        "| jaxtorch / NHWC JAX taking OIHW weights | NHWC JAX / eager torch | detail |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for row in ROWS:
         print("| " + " | ".join(row) + " |")

@@ -30,8 +30,8 @@ def _rewrite(match: re.Match, pages: set[str]) -> str:
         source = target[: -len(".ipynb")] + ".py"
         if (ROOT / source).exists():
             return f"[{text}]({source}{anchor})"
-    if target.startswith("docs/") and target[len("docs/"):] in pages:
-        return f"[{text}]({target[len('docs/'):]}{anchor})"
+    if target.startswith("docs/") and target[len("docs/") :] in pages:
+        return f"[{text}]({target[len('docs/') :]}{anchor})"
     if target in pages or not (ROOT / target).exists():
         return match.group(0)
     return text

@@ -15,14 +15,12 @@ import os
 import tempfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
 from torch import nn
 from tqdm import tqdm
 
-import jaxtorch
 from jaxtorch.train import load_checkpoint, load_into, make_train_step, save_checkpoint
 
 
@@ -30,8 +28,12 @@ class CNN(nn.Module):
     def __init__(self, n_classes: int = 4):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(),   # 16x16 -> 8x8
-            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),  # 8x8 -> 4x4
+            nn.Conv2d(1, 16, 3, stride=2, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),  # 16x16 -> 8x8
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),  # 8x8 -> 4x4
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(32 * 4 * 4, n_classes))
 
@@ -46,7 +48,7 @@ def make_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     y = rng.integers(0, 4, size=n)
     for i, q in enumerate(y):
         r, c = divmod(int(q), 2)
-        x[i, 0, 8 * r:8 * r + 8, 8 * c:8 * c + 8] += 0.25  # faint: takes some steps to learn
+        x[i, 0, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8] += 0.25  # faint: takes some steps to learn
     return x, y.astype(np.int32)
 
 
@@ -90,7 +92,7 @@ def main(steps: int = 120) -> dict:
     state, more = train(model, state, step, x, y, int(state.step), steps, key)
     losses += more
     first, last = np.mean(losses[:10]), np.mean(losses[-10:])
-    curve = "  ".join(f"{np.mean(losses[i:i + 10]):.3f}" for i in range(0, len(losses), 20))
+    curve = "  ".join(f"{np.mean(losses[i : i + 10]):.3f}" for i in range(0, len(losses), 20))
     print(f"loss (mean of 10 steps, every 20): {curve}")
     print(f"loss: first 10 steps {first:.3f} -> last 10 steps {last:.3f}")
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -106,9 +107,11 @@ def greedy_decoder(model: torch.nn.Module, *, max_cache_len: int) -> Callable:
     def decode(input_ids, max_new_tokens: int) -> jax.Array:
         ids = to_jax(input_ids) if isinstance(input_ids, torch.Tensor) else jnp.asarray(input_ids)
         if ids.shape[1] + max_new_tokens > max_cache_len:
-            raise ValueError(f"greedy_decoder: a prompt of {ids.shape[1]} tokens plus {max_new_tokens} new ones "
-                             f"does not fit the static cache of {max_cache_len}; make a decoder with a larger "
-                             "`max_cache_len`.")
+            raise ValueError(
+                f"greedy_decoder: a prompt of {ids.shape[1]} tokens plus {max_new_tokens} new ones "
+                f"does not fit the static cache of {max_cache_len}; make a decoder with a larger "
+                "`max_cache_len`."
+            )
         cache = static_cache(model, batch_size=ids.shape[0], max_cache_len=max_cache_len)
         return run(params, ids, cache, max_new_tokens)
 

@@ -25,14 +25,15 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import jax
 import torch
 
 from .bridge.core import _lazy
-from .bridge.tensor._device import DEVICE_TYPE
 from .bridge.core._lazy import LazyGraphWarning, LazyMetrics, clear_metrics, metrics, metrics_report
+from .bridge.tensor._device import DEVICE_TYPE
 from .bridge.tensor._tensor import JaxTensor
 from .train._sharding import DeviceLoader, data_mesh
 
@@ -151,8 +152,15 @@ class ParallelLoader(DeviceLoader):
         ```
     """
 
-    def __init__(self, loader: Iterable, devices: Sequence[Any] | None = None, *, mesh=None, axis: str = "data",
-                 prefetch: int = 1):
+    def __init__(
+        self,
+        loader: Iterable,
+        devices: Sequence[Any] | None = None,
+        *,
+        mesh=None,
+        axis: str = "data",
+        prefetch: int = 1,
+    ):
         if mesh is None:
             jdevs = None
             if devices is not None:
@@ -166,7 +174,7 @@ class ParallelLoader(DeviceLoader):
             if _lazy.is_enabled():  # the step on this batch is recorded: run it (torch_xla does)
                 _lazy.sync()
 
-    def per_device_loader(self, device=None) -> "ParallelLoader":
+    def per_device_loader(self, device=None) -> ParallelLoader:
         """torch_xla compatibility: the loader itself (one process feeds all its devices)."""
         return self
 

@@ -22,8 +22,23 @@ import importlib
 
 from . import registry  # noqa: F401
 
-for _family in ["elementwise", "reductions", "shape", "indexing", "creation", "random",
-                "linalg", "nn", "losses", "resampling", "attention", "rnn", "sorting", "fft", "prims"]:
+for _family in [
+    "elementwise",
+    "reductions",
+    "shape",
+    "indexing",
+    "creation",
+    "random",
+    "linalg",
+    "nn",
+    "losses",
+    "resampling",
+    "attention",
+    "rnn",
+    "sorting",
+    "fft",
+    "prims",
+]:
     try:
         importlib.import_module(f"{__name__}.{_family}")
     except ModuleNotFoundError as e:  # a family not written yet

@@ -17,17 +17,22 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 
 from ..bridge.core._dtypes import canonical_int, default_float
 
 DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT, BOOL_TO_LONG, NO_PROMOTE = (
-    "default", "int_to_float", "always_bool", "complex_to_float", "bool_to_long", "none")
+    "default",
+    "int_to_float",
+    "always_bool",
+    "complex_to_float",
+    "bool_to_long",
+    "none",
+)
 
 _BOOL, _INT, _FLOAT, _COMPLEX = 0, 1, 2, 3
 
@@ -169,7 +174,7 @@ def elementwise(promote: str = DEFAULT, n: int | None = None) -> Callable:
                 compute = None
             if compute is not None:
                 cast = [_cast(a, compute) for a in operands]
-                args = tuple(cast) + tuple(args[len(operands):])
+                args = tuple(cast) + tuple(args[len(operands) :])
             out = fn(*args, **kwargs)
             if promote == ALWAYS_BOOL:
                 return out.astype(np.bool_) if out.dtype != np.bool_ else out

@@ -95,8 +95,11 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     else:
         scores = jnp.einsum("...le,...se->...ls", qs, k, preferred_element_type=acc)
     if groups > 1 and attn_mask is not None and attn_mask.ndim >= 3:
-        attn_mask = jnp.broadcast_to(attn_mask, attn_mask.shape[:-3] + (q.shape[-4] * groups,) + attn_mask.shape[-2:]) \
-            if attn_mask.shape[-3] == 1 else attn_mask
+        attn_mask = (
+            jnp.broadcast_to(attn_mask, attn_mask.shape[:-3] + (q.shape[-4] * groups,) + attn_mask.shape[-2:])
+            if attn_mask.shape[-3] == 1
+            else attn_mask
+        )
         attn_mask = attn_mask.reshape(attn_mask.shape[:-3] + (q.shape[-4], groups) + attn_mask.shape[-2:])
     if is_causal:
         scores = _mask_out(scores, np.tril(np.ones((L, S), np.bool_)))
@@ -128,22 +131,26 @@ def _sdpa_once(q, k, v, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale
     """`sdpa` through `_sdpa_jit` when its options are Python values (the eager path passes a
     float `scale` or `dropout_p` traced, to spare recompiles; those go to `sdpa` directly)."""
     if isinstance(dropout_p, (int, float)) and (scale is None or isinstance(scale, (int, float))):
-        return _sdpa_jit(q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                         enable_gqa=enable_gqa, rng=rng)
+        return _sdpa_jit(
+            q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng
+        )
     return sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng)
 
 
 @register(aten.scaled_dot_product_attention.default)
-def scaled_dot_product_attention(query, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-                                 enable_gqa=False):
+def scaled_dot_product_attention(
+    query, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+):
     rng = next_key(aten.scaled_dot_product_attention.default) if dropout_p > 0 else None
-    return _sdpa_once(query, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                      enable_gqa=enable_gqa, rng=rng)
+    return _sdpa_once(
+        query, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng
+    )
 
 
 @register(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def _scaled_dot_product_flash_attention_for_cpu(query, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None,
-                                                scale=None):
+def _scaled_dot_product_flash_attention_for_cpu(
+    query, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
+):
     """(output, logsumexp): the CPU flash kernel's outputs."""
     rng = next_key(aten._scaled_dot_product_flash_attention_for_cpu.default) if dropout_p > 0 else None
     out = _sdpa_once(query, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, rng=rng)

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -252,13 +252,13 @@ def _linspace_values(start, end, steps: int, compute) -> jax.Array:
 def _scalar_arg(x, name: str):
     if hasattr(x, "ndim"):
         if x.ndim != 0:
-            raise RuntimeError(f"linspace only supports 0-dimensional start and end tensors, got {name} of "
-                               f"shape {tuple(x.shape)}")
+            raise RuntimeError(
+                f"linspace only supports 0-dimensional start and end tensors, got {name} of shape {tuple(x.shape)}"
+            )
     return x
 
 
-@register(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
-          aten.linspace.Scalar_Tensor)
+@register(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     """`torch.linspace(start, end, steps)`; `start`/`end` may be 0-dim tensors (traced too).
 
@@ -285,8 +285,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     return out.astype(dtype)
 
 
-@register(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
-          aten.logspace.Scalar_Tensor)
+@register(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     """`torch.logspace(start, end, steps, base)`: `base ** linspace(start, end, steps)`.
 
@@ -343,8 +342,9 @@ def _complex_of(real_dtype) -> np.dtype:
 def complex_(real, imag):
     """`torch.complex(re, im)`: both float tensors of one dtype, broadcast."""
     if real.dtype != imag.dtype or not jnp.issubdtype(real.dtype, jnp.floating):
-        raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got {real.dtype} and "
-                           f"{imag.dtype}")
+        raise RuntimeError(
+            f"Expected both inputs to be Half, Float or Double tensors but got {real.dtype} and {imag.dtype}"
+        )
     real, imag = jnp.broadcast_arrays(real, imag)
     if real.dtype in (np.float16, jnp.bfloat16):
         real, imag = real.astype(np.float32), imag.astype(np.float32)
@@ -355,8 +355,6 @@ def complex_(real, imag):
 def polar(abs, angle):
     """`torch.polar(abs, angle)`: `abs * (cos(angle) + i sin(angle))`."""
     if abs.dtype != angle.dtype or not jnp.issubdtype(abs.dtype, jnp.floating):
-        raise RuntimeError(f"Expected both inputs to be Float or Double tensors but got {abs.dtype} and "
-                           f"{angle.dtype}")
+        raise RuntimeError(f"Expected both inputs to be Float or Double tensors but got {abs.dtype} and {angle.dtype}")
     abs, angle = jnp.broadcast_arrays(abs, angle)
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
-

@@ -36,7 +36,17 @@ import torch
 from jax import lax
 
 from ..bridge.core._dtypes import x64_enabled
-from ._semantics import ALWAYS_BOOL, COMPLEX_TO_FLOAT, DEFAULT, INT_TO_FLOAT, binary, category, elementwise, is_array, to_float
+from ._semantics import (
+    ALWAYS_BOOL,
+    COMPLEX_TO_FLOAT,
+    DEFAULT,
+    INT_TO_FLOAT,
+    binary,
+    category,
+    elementwise,
+    is_array,
+    to_float,
+)
 from .registry import register
 
 aten = torch.ops.aten
@@ -101,8 +111,10 @@ def add(a, b, alpha=1):
 
 def _no_bool_sub(a, b):
     if _is_bool(a) or _is_bool(b) or isinstance(b, bool):
-        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
-                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+            "to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
 
 
 @elementwise(DEFAULT, n=2)
@@ -160,7 +172,7 @@ def _floor_div_float(a, b):
 def _floor_div(a, b):
     if _is_int(a) and _is_int(b):
         if _is_bool(a) and (_is_bool(b) or isinstance(b, bool)):
-            raise RuntimeError('"div_floor_cpu" not implemented for \'Bool\'')
+            raise RuntimeError("\"div_floor_cpu\" not implemented for 'Bool'")
         return jnp.floor_divide(a, b)
     return _floor_div_float(a, b)
 
@@ -176,8 +188,14 @@ def _div_mode(a, b, mode):
     return lax.stop_gradient(out)  # torch: rounding division has a zero gradient
 
 
-@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode,
-          aten.true_divide.Tensor, aten.true_divide.Scalar)
+@register(
+    aten.div.Tensor,
+    aten.div.Scalar,
+    aten.div.Tensor_mode,
+    aten.div.Scalar_mode,
+    aten.true_divide.Tensor,
+    aten.true_divide.Scalar,
+)
 def div(a, b, rounding_mode=None):
     """True division (ints -> float), or `rounding_mode` "trunc" (C) / "floor" (Python)."""
     if rounding_mode is None:
@@ -533,7 +551,7 @@ def round_half_even(a, decimals=0):
     if decimals == 0:
         return jnp.round(a)
     if decimals > 0:
-        p = 10.0 ** decimals
+        p = 10.0**decimals
         return jnp.round(a * p) / p
     p = 10.0 ** (-decimals)
     return jnp.round(a / p) * p
@@ -556,26 +574,56 @@ def _ndtri(p):
 
 
 # torch: sqrt(2 pi) exp(ndtri(p)^2 / 2) (inf at p = 0 and 1)
-_ndtri.defjvp(lambda primals, tangents: (lambda y: (y, math.sqrt(2 * math.pi) * jnp.exp(y * y / 2) * tangents[0]))(
-    _ndtri(primals[0])))
+_ndtri.defjvp(
+    lambda primals, tangents: (lambda y: (y, math.sqrt(2 * math.pi) * jnp.exp(y * y / 2) * tangents[0]))(
+        _ndtri(primals[0])
+    )
+)
 
 _SIMPLE = {
-    aten.exp.default: jnp.exp, aten.exp2.default: jnp.exp2, aten.expm1.default: jnp.expm1,
-    aten.log.default: jnp.log, aten.log2.default: jnp.log2, aten.log10.default: jnp.log10,
-    aten.log1p.default: jnp.log1p, aten.sqrt.default: jnp.sqrt, aten.rsqrt.default: lax.rsqrt,
-    aten.sin.default: jnp.sin, aten.cos.default: jnp.cos, aten.tan.default: jnp.tan,
-    aten.asin.default: jnp.arcsin, aten.acos.default: jnp.arccos, aten.atan.default: jnp.arctan,
-    aten.sinh.default: jnp.sinh, aten.cosh.default: jnp.cosh, aten.tanh.default: jnp.tanh,
-    aten.asinh.default: jnp.arcsinh, aten.acosh.default: jnp.arccosh, aten.atanh.default: jnp.arctanh,
-    aten.arcsin.default: jnp.arcsin, aten.arccos.default: jnp.arccos, aten.arctan.default: jnp.arctan,
-    aten.arcsinh.default: jnp.arcsinh, aten.arccosh.default: jnp.arccosh, aten.arctanh.default: jnp.arctanh,
-    aten.sigmoid.default: jax.nn.sigmoid, aten.special_expit.default: jax.nn.sigmoid,
-    aten.erf.default: lax.erf, aten.erfc.default: lax.erfc, aten.erfinv.default: lax.erf_inv,
-    aten.special_erfcx.default: jss.erfcx, aten.lgamma.default: lax.lgamma,
-    aten.i0.default: _i0, aten.special_i0e.default: jss.i0e, aten.special_i1.default: jss.i1,
-    aten.special_i1e.default: jss.i1e, aten.special_modified_bessel_i0.default: jss.i0,
-    aten.special_modified_bessel_i1.default: jss.i1, aten.special_ndtr.default: jss.ndtr,
-    aten.special_ndtri.default: _ndtri, aten.special_log_ndtr.default: jss.log_ndtr,
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.log1p.default: jnp.log1p,
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.arcsin.default: jnp.arcsin,
+    aten.arccos.default: jnp.arccos,
+    aten.arctan.default: jnp.arctan,
+    aten.arcsinh.default: jnp.arcsinh,
+    aten.arccosh.default: jnp.arccosh,
+    aten.arctanh.default: jnp.arctanh,
+    aten.sigmoid.default: jax.nn.sigmoid,
+    aten.special_expit.default: jax.nn.sigmoid,
+    aten.erf.default: lax.erf,
+    aten.erfc.default: lax.erfc,
+    aten.erfinv.default: lax.erf_inv,
+    aten.special_erfcx.default: jss.erfcx,
+    aten.lgamma.default: lax.lgamma,
+    aten.i0.default: _i0,
+    aten.special_i0e.default: jss.i0e,
+    aten.special_i1.default: jss.i1,
+    aten.special_i1e.default: jss.i1e,
+    aten.special_modified_bessel_i0.default: jss.i0,
+    aten.special_modified_bessel_i1.default: jss.i1,
+    aten.special_ndtr.default: jss.ndtr,
+    aten.special_ndtri.default: _ndtri,
+    aten.special_log_ndtr.default: jss.log_ndtr,
 }
 
 
@@ -660,9 +708,20 @@ def entr(a):
 
 
 # ---- gamma family (ports of ATen's Math.h, so negative arguments agree with torch) -------
-_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
-           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
-           1.8152105401943546773e17, -7.1661652561756670113e18)
+_ZETA_A = (
+    12.0,
+    -720.0,
+    30240.0,
+    -1209600.0,
+    47900160.0,
+    -1.8924375803183791606e9,
+    7.47242496e10,
+    -2.950130727918164224e12,
+    1.1646782814350067249e14,
+    -4.5979787224074726105e15,
+    1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+)
 
 
 def _pow_signed(a, e):
@@ -717,8 +776,9 @@ def _zeta_jvp(primals, tangents):
     x, q = primals
     tx, tq = tangents
     if type(tx) is not jax.custom_derivatives.SymbolicZero:
-        raise NotImplementedError("jaxtorch: the derivative of zeta w.r.t. its first argument is not "
-                                  "implemented (nor is it in torch).")
+        raise NotImplementedError(
+            "jaxtorch: the derivative of zeta w.r.t. its first argument is not implemented (nor is it in torch)."
+        )
     out = _zeta(x, q)
     if type(tq) is jax.custom_derivatives.SymbolicZero:
         return out, jnp.zeros_like(out)
@@ -882,7 +942,7 @@ def _compare(op, fn):
 
     lowering.__name__ = op.__name__
     lowering.__doc__ = f"`{op.__name__}` after promoting both operands to their common dtype (bool result)."
-    return register(getattr(op, "Tensor"), getattr(op, "Scalar"))(elementwise(ALWAYS_BOOL)(lowering))
+    return register(op.Tensor, op.Scalar)(elementwise(ALWAYS_BOOL)(lowering))
 
 
 eq = _compare(aten.eq, lambda a, b: a == b)
@@ -891,8 +951,13 @@ lt = _compare(aten.lt, lambda a, b: a < b)
 le = _compare(aten.le, lambda a, b: a <= b)
 gt = _compare(aten.gt, lambda a, b: a > b)
 ge = _compare(aten.ge, lambda a, b: a >= b)
-for _alias, _fn in [(aten.not_equal, ne), (aten.less, lt), (aten.less_equal, le), (aten.greater, gt),
-                    (aten.greater_equal, ge)]:
+for _alias, _fn in [
+    (aten.not_equal, ne),
+    (aten.less, lt),
+    (aten.less_equal, le),
+    (aten.greater, gt),
+    (aten.greater_equal, ge),
+]:
     register(_alias.Tensor, _alias.Scalar)(_fn)
 
 
@@ -933,8 +998,13 @@ def _check_integral(*xs):
             raise RuntimeError("bitwise ops are only defined for integral and boolean tensors")
 
 
-@register(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor,
-          aten.__and__.Tensor, aten.__and__.Scalar)
+@register(
+    aten.bitwise_and.Tensor,
+    aten.bitwise_and.Scalar,
+    aten.bitwise_and.Scalar_Tensor,
+    aten.__and__.Tensor,
+    aten.__and__.Scalar,
+)
 @elementwise(DEFAULT)
 def bitwise_and(a, b):
     """`a & b` (logical and for bool)."""
@@ -942,8 +1012,13 @@ def bitwise_and(a, b):
     return jnp.bitwise_and(a, b)
 
 
-@register(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor,
-          aten.__or__.Tensor, aten.__or__.Scalar)
+@register(
+    aten.bitwise_or.Tensor,
+    aten.bitwise_or.Scalar,
+    aten.bitwise_or.Scalar_Tensor,
+    aten.__or__.Tensor,
+    aten.__or__.Scalar,
+)
 @elementwise(DEFAULT)
 def bitwise_or(a, b):
     """`a | b`."""
@@ -951,8 +1026,13 @@ def bitwise_or(a, b):
     return jnp.bitwise_or(a, b)
 
 
-@register(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor,
-          aten.__xor__.Tensor, aten.__xor__.Scalar)
+@register(
+    aten.bitwise_xor.Tensor,
+    aten.bitwise_xor.Scalar,
+    aten.bitwise_xor.Scalar_Tensor,
+    aten.__xor__.Tensor,
+    aten.__xor__.Scalar,
+)
 @elementwise(DEFAULT)
 def bitwise_xor(a, b):
     """`a ^ b`."""
@@ -972,8 +1052,13 @@ def _bits(x) -> int:
     return jnp.iinfo(x.dtype).bits
 
 
-@register(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
-          aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+@register(
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_left_shift.Tensor_Scalar,
+    aten.bitwise_left_shift.Scalar_Tensor,
+    aten.__lshift__.Tensor,
+    aten.__lshift__.Scalar,
+)
 @elementwise(DEFAULT)
 def bitwise_left_shift(a, b):
     """`a << b`; 0 when `b` is negative or at least the bit width (torch)."""
@@ -985,8 +1070,13 @@ def bitwise_left_shift(a, b):
     return jnp.where((b < 0) | (b >= bits), jnp.zeros_like(a), out)
 
 
-@register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
-          aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+@register(
+    aten.bitwise_right_shift.Tensor,
+    aten.bitwise_right_shift.Tensor_Scalar,
+    aten.bitwise_right_shift.Scalar_Tensor,
+    aten.__rshift__.Tensor,
+    aten.__rshift__.Scalar,
+)
 @elementwise(DEFAULT)
 def bitwise_right_shift(a, b):
     """`a >> b` (arithmetic for signed types); out-of-range shifts fill with the sign bit."""
@@ -1107,8 +1197,9 @@ def _chebyshev(kind: str, x, n, closed_above: int):
         at_one = jnp.where((x > 0) | even, 1.0, -1.0)
     elif kind == "u":
         s = jnp.sin(theta)
-        closed = jnp.where(s != 0, jnp.sin((nf + 1) * theta) / jnp.where(s != 0, s, 1.0),
-                           (nf + 1) * jnp.cos((nf + 1) * theta) / x)
+        closed = jnp.where(
+            s != 0, jnp.sin((nf + 1) * theta) / jnp.where(s != 0, s, 1.0), (nf + 1) * jnp.cos((nf + 1) * theta) / x
+        )
         at_one = jnp.where((x > 0) | even, nf + 1, -(nf + 1))
     elif kind == "v":
         odd_val = jnp.where(even, 2 * nf + 1, -(2 * nf + 1))
@@ -1118,8 +1209,11 @@ def _chebyshev(kind: str, x, n, closed_above: int):
     else:
         sign_val = jnp.where(even, 1.0, -1.0)
         sn = jnp.sin(theta / 2)
-        closed = jnp.where(jnp.cos(theta / 2) != 1, jnp.sin((nf + 0.5) * theta) / jnp.where(sn != 0, sn, 1.0),
-                           jnp.where(x > 0, 2 * nf + 1, sign_val))
+        closed = jnp.where(
+            jnp.cos(theta / 2) != 1,
+            jnp.sin((nf + 0.5) * theta) / jnp.where(sn != 0, sn, 1.0),
+            jnp.where(x > 0, 2 * nf + 1, sign_val),
+        )
         at_one = jnp.where(x > 0, 2 * nf + 1, sign_val)
     out = jnp.where((n > closed_above) & (jnp.abs(x) < 1), closed, out)
     out = jnp.where(jnp.abs(x) == 1, at_one.astype(x.dtype), out)
@@ -1212,72 +1306,285 @@ def legendre_polynomial_p(x, n):
 # ---------------------------------------------------------------------------------------
 # Bessel and Airy functions: ports of ATen's Math.h (Cephes rational approximations)
 # ---------------------------------------------------------------------------------------
-_J0_PP = (0.0007969367292973471, 0.08283523921074408, 1.239533716464143, 5.447250030587687, 8.74716500199817,
-    5.303240382353949, 1.0)
-_J0_PQ = (0.0009244088105588637, 0.08562884743544745, 1.2535274390105895, 5.470977403304171,
-    8.761908832370695, 5.306052882353947, 1.0)
-_J0_QP = (-0.011366383889846916, -1.2825271867050931, -19.553954425773597, -93.20601521237683,
-    -177.68116798048806, -147.07750515495118, -51.41053267665993, -6.050143506007285)
-_J0_QQ = (64.3178256118178, 856.4300259769806, 3882.4018360540163, 7240.467741956525, 5930.727011873169,
-    2062.0933166032783, 242.0057402402914)
+_J0_PP = (
+    0.0007969367292973471,
+    0.08283523921074408,
+    1.239533716464143,
+    5.447250030587687,
+    8.74716500199817,
+    5.303240382353949,
+    1.0,
+)
+_J0_PQ = (
+    0.0009244088105588637,
+    0.08562884743544745,
+    1.2535274390105895,
+    5.470977403304171,
+    8.761908832370695,
+    5.306052882353947,
+    1.0,
+)
+_J0_QP = (
+    -0.011366383889846916,
+    -1.2825271867050931,
+    -19.553954425773597,
+    -93.20601521237683,
+    -177.68116798048806,
+    -147.07750515495118,
+    -51.41053267665993,
+    -6.050143506007285,
+)
+_J0_QQ = (
+    64.3178256118178,
+    856.4300259769806,
+    3882.4018360540163,
+    7240.467741956525,
+    5930.727011873169,
+    2062.0933166032783,
+    242.0057402402914,
+)
 _J0_RP = (-4794432209.782018, 1956174919465.5657, -249248344360967.72, 9708622510473064.0)
-_J0_RQ = (499.563147152651, 173785.4016763747, 48440965.83399621, 11185553704.535683, 2112775201154.892,
-    310518229857422.56, 3.1812195594320496e+16, 1.7108629408104315e+18)
-_J1_PP = (0.0007621256162081731, 0.07313970569409176, 1.1271960812968493, 5.112079511468076,
-    8.424045901417724, 5.214515986823615, 1.0)
-_J1_PQ = (0.0005713231280725487, 0.06884559087544954, 1.105142326340617, 5.073863861286015, 8.399855543276042,
-    5.209828486823619, 1.0)
-_J1_QP = (0.05108625947501766, 4.982138729512334, 75.82382841325453, 366.7796093601508, 710.8563049989261,
-    597.4896124006136, 211.68875710057213, 25.207020585802372)
-_J1_QQ = (74.23732770356752, 1056.4488603826283, 4986.410583376536, 9562.318924047562, 7997.041604473507,
-    2826.1927851763908, 336.0936078106983)
+_J0_RQ = (
+    499.563147152651,
+    173785.4016763747,
+    48440965.83399621,
+    11185553704.535683,
+    2112775201154.892,
+    310518229857422.56,
+    3.1812195594320496e16,
+    1.7108629408104315e18,
+)
+_J1_PP = (
+    0.0007621256162081731,
+    0.07313970569409176,
+    1.1271960812968493,
+    5.112079511468076,
+    8.424045901417724,
+    5.214515986823615,
+    1.0,
+)
+_J1_PQ = (
+    0.0005713231280725487,
+    0.06884559087544954,
+    1.105142326340617,
+    5.073863861286015,
+    8.399855543276042,
+    5.209828486823619,
+    1.0,
+)
+_J1_QP = (
+    0.05108625947501766,
+    4.982138729512334,
+    75.82382841325453,
+    366.7796093601508,
+    710.8563049989261,
+    597.4896124006136,
+    211.68875710057213,
+    25.207020585802372,
+)
+_J1_QQ = (
+    74.23732770356752,
+    1056.4488603826283,
+    4986.410583376536,
+    9562.318924047562,
+    7997.041604473507,
+    2826.1927851763908,
+    336.0936078106983,
+)
 _J1_RP = (-899971225.7055594, 452228297998.19403, -72749424522181.83, 3682957328638529.0)
-_J1_RQ = (620.8364781180543, 256987.25675774884, 83514679.14319493, 22151159547.97925, 4749141220799.914,
-    784369607876235.9, 8.952223361846274e+16, 5.322786203326801e+18)
-_Y0_YP = (15592.436785523574, -14663929.59039716, 5435264770.518765, -982136065717.9115, 87590639439536.7,
-    -3466283033847297.0, 4.4273326857256984e+16, -1.8495080043698668e+16)
-_Y0_YQ = (1041.2835366425984, 626107.330137135, 268919633.39381415, 86400248710.3935, 20297961275010.555,
-    3171577528429750.5, 2.5059625617265306e+17)
-_Y1_YP = (1263204747.9017804, -647355876379.1603, 114509511541823.73, -8127702555013251.0,
-    2.024394757135949e+17, -7.788771962659501e+17)
-_Y1_YQ = (594.3015923461282, 235564.09294306856, 73481194.44597217, 18760131610.870617, 3882312774962.3857,
-    620557727146953.8, 6.871410873553005e+16, 3.9727060811656064e+18)
-_K0_A = (1.374465435613523e-16, 4.25981614279661e-14, 1.0349695257633842e-11, 1.904516377220209e-09,
-    2.5347910790261494e-07, 2.286212103119452e-05, 0.001264615411446926, 0.0359799365153615,
-    0.3442898999246285, -0.5353273932339028)
-_K0_B = (5.300433772686263e-18, -1.6475804301524212e-17, 5.2103915050390274e-17, -1.678231096805412e-16,
-    5.512055978524319e-16, -1.848593377343779e-15, 6.3400764774050706e-15, -2.2275133269916698e-14,
-    8.032890775363575e-14, -2.9800969231727303e-13, 1.140340588208475e-12, -4.514597883373944e-12,
-    1.8559491149547177e-11, -7.957489244477107e-11, 3.577397281400301e-10, -1.69753450938906e-09,
-    8.574034017414225e-09, -4.660489897687948e-08, 2.766813639445015e-07, -1.8317555227191195e-06,
-    1.39498137188765e-05, -0.00012849549581627802, 0.0015698838857300533, -0.0314481013119645,
-    2.4403030820659555)
-_K1_A = (-7.023863479386288e-18, -2.427449850519366e-15, -6.666901694199329e-13, -1.4114883926335278e-10,
-    -2.213387630734726e-08, -2.4334061415659684e-06, -0.0001730288957513052, -0.006975723859639864,
-    -0.12261118082265715, -0.3531559607765449, 1.5253002273389478)
-_K1_B = (-5.756744483665017e-18, 1.7940508731475592e-17, -5.689462558442859e-17, 1.838093544366639e-16,
-    -6.057047248373319e-16, 2.038703165624334e-15, -7.019837090418314e-15, 2.4771544244813043e-14,
-    -8.976705182324994e-14, 3.3484196660784293e-13, -1.2891739609510289e-12, 5.13963967348173e-12,
-    -2.1299678384275683e-11, 9.218315187605006e-11, -4.1903547593418965e-10, 2.015049755197033e-09,
-    -1.0345762465678097e-08, 5.7410841254500495e-08, -3.5019606030878126e-07, 2.406484947837217e-06,
-    -1.936197974166083e-05, 0.00019521551847135162, -0.002857816859622779, 0.10392373657681724,
-    2.7206261904844427)
-_AIRY_AN = (0.346538101525629, 12.007595273964581, 76.27960536152345, 168.08922493463058, 159.75639135016442,
-    70.53609068404442, 14.026469116338967, 1.0)
-_AIRY_AD = (0.5675945326387702, 14.75625625848472, 84.51389701414746, 177.31808814540045, 164.2346928715297,
-    71.47784008255756, 14.095913560783403, 1.0)
-_AIRY_AFN = (-0.1316963234183318, -0.6264565444319123, -0.6931580360369335, -0.2797799815451191,
-    -0.04919001326095003, -0.004062659235948854, -0.0001592764962392621, -2.776491081552329e-06,
-    -1.6778769848911465e-08)
-_AIRY_AFD = (13.356042070655324, 32.682503279522464, 26.736704094149957, 9.187074029072596,
-    1.4752914677166642, 0.11568717379518804, 0.004402916416152112, 7.547203482874142e-05,
-    4.5185009297058035e-07)
-_AIRY_AGN = (0.01973399320916857, 0.39110302961568827, 1.0657989759959559, 0.9391692298166502,
-    0.35146565610554764, 0.06338889196289255, 0.005858041130483885, 0.000282851600836737,
-    6.98793669997261e-06, 8.117892395543892e-08, 3.415517847659236e-10)
-_AIRY_AGD = (9.30892908077442, 19.835292871831214, 15.564662893286462, 5.476860694229755, 0.9542936116189619,
-    0.08645808263523921, 0.004126565238242226, 0.00010125908511650914, 1.1716673321441352e-06,
-    4.9183457006293e-09)
+_J1_RQ = (
+    620.8364781180543,
+    256987.25675774884,
+    83514679.14319493,
+    22151159547.97925,
+    4749141220799.914,
+    784369607876235.9,
+    8.952223361846274e16,
+    5.322786203326801e18,
+)
+_Y0_YP = (
+    15592.436785523574,
+    -14663929.59039716,
+    5435264770.518765,
+    -982136065717.9115,
+    87590639439536.7,
+    -3466283033847297.0,
+    4.4273326857256984e16,
+    -1.8495080043698668e16,
+)
+_Y0_YQ = (
+    1041.2835366425984,
+    626107.330137135,
+    268919633.39381415,
+    86400248710.3935,
+    20297961275010.555,
+    3171577528429750.5,
+    2.5059625617265306e17,
+)
+_Y1_YP = (
+    1263204747.9017804,
+    -647355876379.1603,
+    114509511541823.73,
+    -8127702555013251.0,
+    2.024394757135949e17,
+    -7.788771962659501e17,
+)
+_Y1_YQ = (
+    594.3015923461282,
+    235564.09294306856,
+    73481194.44597217,
+    18760131610.870617,
+    3882312774962.3857,
+    620557727146953.8,
+    6.871410873553005e16,
+    3.9727060811656064e18,
+)
+_K0_A = (
+    1.374465435613523e-16,
+    4.25981614279661e-14,
+    1.0349695257633842e-11,
+    1.904516377220209e-09,
+    2.5347910790261494e-07,
+    2.286212103119452e-05,
+    0.001264615411446926,
+    0.0359799365153615,
+    0.3442898999246285,
+    -0.5353273932339028,
+)
+_K0_B = (
+    5.300433772686263e-18,
+    -1.6475804301524212e-17,
+    5.2103915050390274e-17,
+    -1.678231096805412e-16,
+    5.512055978524319e-16,
+    -1.848593377343779e-15,
+    6.3400764774050706e-15,
+    -2.2275133269916698e-14,
+    8.032890775363575e-14,
+    -2.9800969231727303e-13,
+    1.140340588208475e-12,
+    -4.514597883373944e-12,
+    1.8559491149547177e-11,
+    -7.957489244477107e-11,
+    3.577397281400301e-10,
+    -1.69753450938906e-09,
+    8.574034017414225e-09,
+    -4.660489897687948e-08,
+    2.766813639445015e-07,
+    -1.8317555227191195e-06,
+    1.39498137188765e-05,
+    -0.00012849549581627802,
+    0.0015698838857300533,
+    -0.0314481013119645,
+    2.4403030820659555,
+)
+_K1_A = (
+    -7.023863479386288e-18,
+    -2.427449850519366e-15,
+    -6.666901694199329e-13,
+    -1.4114883926335278e-10,
+    -2.213387630734726e-08,
+    -2.4334061415659684e-06,
+    -0.0001730288957513052,
+    -0.006975723859639864,
+    -0.12261118082265715,
+    -0.3531559607765449,
+    1.5253002273389478,
+)
+_K1_B = (
+    -5.756744483665017e-18,
+    1.7940508731475592e-17,
+    -5.689462558442859e-17,
+    1.838093544366639e-16,
+    -6.057047248373319e-16,
+    2.038703165624334e-15,
+    -7.019837090418314e-15,
+    2.4771544244813043e-14,
+    -8.976705182324994e-14,
+    3.3484196660784293e-13,
+    -1.2891739609510289e-12,
+    5.13963967348173e-12,
+    -2.1299678384275683e-11,
+    9.218315187605006e-11,
+    -4.1903547593418965e-10,
+    2.015049755197033e-09,
+    -1.0345762465678097e-08,
+    5.7410841254500495e-08,
+    -3.5019606030878126e-07,
+    2.406484947837217e-06,
+    -1.936197974166083e-05,
+    0.00019521551847135162,
+    -0.002857816859622779,
+    0.10392373657681724,
+    2.7206261904844427,
+)
+_AIRY_AN = (
+    0.346538101525629,
+    12.007595273964581,
+    76.27960536152345,
+    168.08922493463058,
+    159.75639135016442,
+    70.53609068404442,
+    14.026469116338967,
+    1.0,
+)
+_AIRY_AD = (
+    0.5675945326387702,
+    14.75625625848472,
+    84.51389701414746,
+    177.31808814540045,
+    164.2346928715297,
+    71.47784008255756,
+    14.095913560783403,
+    1.0,
+)
+_AIRY_AFN = (
+    -0.1316963234183318,
+    -0.6264565444319123,
+    -0.6931580360369335,
+    -0.2797799815451191,
+    -0.04919001326095003,
+    -0.004062659235948854,
+    -0.0001592764962392621,
+    -2.776491081552329e-06,
+    -1.6778769848911465e-08,
+)
+_AIRY_AFD = (
+    13.356042070655324,
+    32.682503279522464,
+    26.736704094149957,
+    9.187074029072596,
+    1.4752914677166642,
+    0.11568717379518804,
+    0.004402916416152112,
+    7.547203482874142e-05,
+    4.5185009297058035e-07,
+)
+_AIRY_AGN = (
+    0.01973399320916857,
+    0.39110302961568827,
+    1.0657989759959559,
+    0.9391692298166502,
+    0.35146565610554764,
+    0.06338889196289255,
+    0.005858041130483885,
+    0.000282851600836737,
+    6.98793669997261e-06,
+    8.117892395543892e-08,
+    3.415517847659236e-10,
+)
+_AIRY_AGD = (
+    9.30892908077442,
+    19.835292871831214,
+    15.564662893286462,
+    5.476860694229755,
+    0.9542936116189619,
+    0.08645808263523921,
+    0.004126565238242226,
+    0.00010125908511650914,
+    1.1716673321441352e-06,
+    4.9183457006293e-09,
+)
 
 _SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
 _TWO_OVER_PI = 0.636619772367581343075535053490057448
@@ -1319,8 +1626,9 @@ def _j0(x):
     z = xs * xs
     near = (z - 5.78318596294678452118e00) * (z - 3.04712623436620863991e01) * _polevl(z, _J0_RP) / _polevl(z, _J0_RQ)
     near = jnp.where(xs < 1e-5, 1.0 - z / 4.0, near)
-    far = _bessel_asymptotic(xl, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, 25.0 / (xl * xl), 0.785398163397448309615660845819875721,
-                             False)
+    far = _bessel_asymptotic(
+        xl, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, 25.0 / (xl * xl), 0.785398163397448309615660845819875721, False
+    )
     return jnp.where(small, near, far)
 
 
@@ -1329,9 +1637,12 @@ def _j1(x):
     small = x <= 5.0
     xs, xl = _safe(x, ~small), _safe(x, small, 10.0)
     z = xs * xs
-    near = _polevl(z, _J1_RP) / _polevl(z, _J1_RQ) * xs * (z - 1.46819706421238932572e01) * (z - 4.92184563216946036703e01)
-    far = _bessel_asymptotic(xl, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, (5.0 / xl) * (5.0 / xl),
-                             2.356194490192344928846982537459627163, False)
+    near = (
+        _polevl(z, _J1_RP) / _polevl(z, _J1_RQ) * xs * (z - 1.46819706421238932572e01) * (z - 4.92184563216946036703e01)
+    )
+    far = _bessel_asymptotic(
+        xl, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, (5.0 / xl) * (5.0 / xl), 2.356194490192344928846982537459627163, False
+    )
     return sgn * jnp.where(small, near, far)
 
 
@@ -1341,8 +1652,9 @@ def _y0(x):
     z = xs * xs
     near = _polevl(z, _Y0_YP) / _polevl(z, _Y0_YQ) + _TWO_OVER_PI * jnp.log(xs) * _j0(xs)
     near = jnp.where(x == 0, -jnp.inf, jnp.where(x < 0, jnp.nan, near))
-    far = _bessel_asymptotic(xl, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, 25.0 / (xl * xl), 0.785398163397448309615660845819875721,
-                             True)
+    far = _bessel_asymptotic(
+        xl, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, 25.0 / (xl * xl), 0.785398163397448309615660845819875721, True
+    )
     return jnp.where(small, near, far)
 
 
@@ -1352,8 +1664,9 @@ def _y1(x):
     z = xs * xs
     near = xs * (_polevl(z, _Y1_YP) / _polevl(z, _Y1_YQ)) + _TWO_OVER_PI * (_j1(xs) * jnp.log(xs) - 1.0 / xs)
     near = jnp.where(x == 0, -jnp.inf, jnp.where(x < 0, jnp.nan, near))
-    far = _bessel_asymptotic(xl, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, (5.0 / xl) * (5.0 / xl),
-                             2.356194490192344928846982537459627163, True)
+    far = _bessel_asymptotic(
+        xl, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, (5.0 / xl) * (5.0 / xl), 2.356194490192344928846982537459627163, True
+    )
     return jnp.where(small, near, far)
 
 
@@ -1383,14 +1696,22 @@ def _airy_ai(x):
     z = 1.0 / zeta_n
     zz = z * z
     t = zeta_n + 0.25 * jnp.pi
-    ai_neg = 5.64189583547756286948e-01 / jnp.sqrt(jnp.sqrt(-xn)) * (
-        jnp.sin(t) * (1.0 + zz * _polevl(zz, _AIRY_AFN) / _polevl(zz, _AIRY_AFD))
-        - jnp.cos(t) * (z * _polevl(zz, _AIRY_AGN) / _polevl(zz, _AIRY_AGD)))
+    ai_neg = (
+        5.64189583547756286948e-01
+        / jnp.sqrt(jnp.sqrt(-xn))
+        * (
+            jnp.sin(t) * (1.0 + zz * _polevl(zz, _AIRY_AFN) / _polevl(zz, _AIRY_AFD))
+            - jnp.cos(t) * (z * _polevl(zz, _AIRY_AGN) / _polevl(zz, _AIRY_AGD))
+        )
+    )
     # x >= 2.09: decaying asymptotic form
     xp = _safe(x, ~pos, 4.0)
     zeta_p = 2.0 * xp * jnp.sqrt(xp) / 3.0
-    ai_pos = 5.64189583547756286948e-01 * (_polevl(1.0 / zeta_p, _AIRY_AN) / _polevl(1.0 / zeta_p, _AIRY_AD)) / (
-        2.0 * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p))
+    ai_pos = (
+        5.64189583547756286948e-01
+        * (_polevl(1.0 / zeta_p, _AIRY_AN) / _polevl(1.0 / zeta_p, _AIRY_AD))
+        / (2.0 * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p))
+    )
     # |x| < 2.09: Maclaurin series (converged to float precision within 20 terms there)
     xm = _safe(x, neg | pos, 0.0)
     f, g, k, m, n = jnp.ones_like(xm), xm, 1.0, jnp.ones_like(xm), xm
@@ -1414,8 +1735,10 @@ def _airy_ai(x):
 
 
 for _op, _f in {
-    aten.special_bessel_j0.default: _j0, aten.special_bessel_j1.default: _j1,
-    aten.special_bessel_y0.default: _y0, aten.special_bessel_y1.default: _y1,
+    aten.special_bessel_j0.default: _j0,
+    aten.special_bessel_j1.default: _j1,
+    aten.special_bessel_y0.default: _y0,
+    aten.special_bessel_y1.default: _y1,
     aten.special_modified_bessel_k0.default: lambda x: _k(x, 0, False),
     aten.special_modified_bessel_k1.default: lambda x: _k(x, 1, False),
     aten.special_scaled_modified_bessel_k0.default: lambda x: _k(x, 0, True),

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -132,8 +132,9 @@ def _1d(x):
 
 
 # ---- advanced indexing -----------------------------------------------------------------------
-@register(aten.index.Tensor, aten.index.Tensor_hacked_twin, aten._unsafe_index.Tensor,
-          aten._unsafe_index.Tensor_hacked_twin)
+@register(
+    aten.index.Tensor, aten.index.Tensor_hacked_twin, aten._unsafe_index.Tensor, aten._unsafe_index.Tensor_hacked_twin
+)
 def index(a, indices):
     """`x[i, :, j]` with tensor indices (what `aten.index` gets; `None` marks a full slice)."""
     return a[_index_tuple(indices)]
@@ -151,7 +152,7 @@ def _mask_put(a, k: int, mask, values, accumulate: bool):
     """`a[:, ..., mask] = values` (k leading full slices) without data-dependent shapes."""
     mask = mask.astype(bool)
     m = mask.ndim
-    rest = a.shape[k + m:]
+    rest = a.shape[k + m :]
     mask_b = mask.reshape((1,) * k + mask.shape + (1,) * len(rest))
     values = values.astype(a.dtype)
     nnz_axis = values.ndim - len(rest) - 1  # where the nnz dim of `values` would be
@@ -163,15 +164,20 @@ def _mask_put(a, k: int, mask, values, accumulate: bool):
     else:  # one value (row) for every selected position, broadcast over the leading slices
         vals = jnp.squeeze(values, nnz_axis) if nnz_axis >= 0 else values
         if vals.ndim > len(rest):
-            lead = vals.shape[:vals.ndim - len(rest)]
+            lead = vals.shape[: vals.ndim - len(rest)]
             vals = vals.reshape(lead + (1,) * m + rest)
     if accumulate:
         return jnp.where(mask_b, (a + vals) if a.dtype != np.bool_ else (a | vals), a)
     return jnp.where(mask_b, vals, a)
 
 
-@register(aten.index_put.default, aten.index_put.hacked_twin, aten._unsafe_index_put.default,
-          aten._unsafe_index_put.hacked_twin, aten._index_put_impl.default)
+@register(
+    aten.index_put.default,
+    aten.index_put.hacked_twin,
+    aten._unsafe_index_put.default,
+    aten._unsafe_index_put.hacked_twin,
+    aten._index_put_impl.default,
+)
 def index_put(a, indices, values, accumulate=False, unsafe=False):
     """`x[idx] = v` / `x.index_put_((i, j), v, accumulate=True)` (duplicates accumulate).
 
@@ -203,8 +209,11 @@ def unsafe_masked_index_put_accumulate(a, mask, indices, values):
 @_with_1d
 def index_select(a, dim, index):
     """`x.index_select(1, idx)`."""
-    return jnp.take(a, _1d(index), axis=dim, mode="clip") if a.size else jnp.zeros(
-        a.shape[:dim] + (_1d(index).shape[0],) + a.shape[dim + 1:], a.dtype)
+    return (
+        jnp.take(a, _1d(index), axis=dim, mode="clip")
+        if a.size
+        else jnp.zeros(a.shape[:dim] + (_1d(index).shape[0],) + a.shape[dim + 1 :], a.dtype)
+    )
 
 
 @register(aten.take.default)
@@ -231,8 +240,9 @@ def gather(a, dim, index, sparse_grad=False):
 
 def _scatter(a, dim, index, src, reduce=None, include_self=True):
     if a.ndim == 0:
-        return _scatter(a.reshape(1), 0, _1d(index), _1d(src) if is_array(src) else src, reduce,
-                        include_self).reshape(())
+        return _scatter(a.reshape(1), 0, _1d(index), _1d(src) if is_array(src) else src, reduce, include_self).reshape(
+            ()
+        )
     dim = canon_dim(dim, a.ndim)
     if index.size == 0:
         return a
@@ -275,7 +285,7 @@ def scatter_reduce(a, dim, index, src, reduce, include_self=True):
 @_with_1d
 def index_add(a, dim, index, source, alpha=1):
     """`x.index_add(dim, idx, src, alpha=a)`: duplicates accumulate."""
-    src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1:]) if source.ndim == 0 else source
+    src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1 :]) if source.ndim == 0 else source
     if alpha != 1:
         src = src * alpha
     return _reduce_into(a, _at(a.ndim, dim, _1d(index)), src, "sum")
@@ -285,7 +295,7 @@ def index_add(a, dim, index, source, alpha=1):
 @_with_1d
 def index_copy(a, dim, index, source):
     """`x.index_copy(dim, idx, src)`."""
-    src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1:]) if source.ndim == 0 else source
+    src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1 :]) if source.ndim == 0 else source
     return a.at[_at(a.ndim, dim, _1d(index))].set(src.astype(a.dtype))
 
 
@@ -300,7 +310,7 @@ def index_fill(a, dim, index, value):
 @_with_1d
 def index_reduce(a, dim, index, source, reduce, include_self=True):
     """`x.index_reduce(dim, idx, src, "prod" | "mean" | "amax" | "amin", include_self=...)`."""
-    src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1:]) if source.ndim == 0 else source
+    src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1 :]) if source.ndim == 0 else source
     return _reduce_into(a, _at(a.ndim, dim, _1d(index)), src, reduce, include_self)
 
 

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from jax.lax import linalg as lax_linalg
 from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-exported
+from jax.lax import linalg as lax_linalg
 
 from ..bridge.core._dtypes import canonical_int
 from ._semantics import binary, canon_dim, category, is_array, to_float, to_real
@@ -281,8 +281,9 @@ def linalg_solve(a, b, *, left=True):
 
 def _tri_solve(a, b, *, upper, left=True, unit=False, transpose=False, conjugate=False):
     a, b = _broadcast_batch(a, b)
-    return lax_linalg.triangular_solve(a, b, left_side=left, lower=not upper, transpose_a=transpose,
-                                       conjugate_a=conjugate, unit_diagonal=unit)
+    return lax_linalg.triangular_solve(
+        a, b, left_side=left, lower=not upper, transpose_a=transpose, conjugate_a=conjugate, unit_diagonal=unit
+    )
 
 
 @register(aten.linalg_solve_triangular.default)
@@ -478,9 +479,11 @@ def _pinv_tol(a, atol, rtol, hermitian):
         p = pinv(x)
         m, n = x.shape[-2:]
         dxh = _mH(dx)
-        dp = (-jnp.matmul(jnp.matmul(p, dx), p)
-              + jnp.matmul(jnp.matmul(p, _mH(p)), jnp.matmul(dxh, _eye_like(x, m) - jnp.matmul(x, p)))
-              + jnp.matmul(_eye_like(x, n) - jnp.matmul(p, x), jnp.matmul(dxh, jnp.matmul(_mH(p), p))))
+        dp = (
+            -jnp.matmul(jnp.matmul(p, dx), p)
+            + jnp.matmul(jnp.matmul(p, _mH(p)), jnp.matmul(dxh, _eye_like(x, m) - jnp.matmul(x, p)))
+            + jnp.matmul(_eye_like(x, n) - jnp.matmul(p, x), jnp.matmul(dxh, jnp.matmul(_mH(p), p)))
+        )
         return p, dp
 
     return pinv(a)
@@ -581,8 +584,9 @@ def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
         return lax_linalg.triangular_solve(lu, y, left_side=True, lower=False)
     # A^H = U^H L^H P^T: x = P L^-H U^-H b
     y = lax_linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=cplx)
-    z = lax_linalg.triangular_solve(lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=cplx,
-                                    unit_diagonal=True)
+    z = lax_linalg.triangular_solve(
+        lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=cplx, unit_diagonal=True
+    )
     inv = jnp.argsort(perm, axis=-1)
     return jnp.take_along_axis(z, inv[..., :, None], axis=-2)
 
@@ -612,15 +616,17 @@ def linalg_check_errors(info, api_name, *, is_matrix):
         if "cholesky" in api_name:
             raise torch.linalg.LinAlgError(
                 f"{api_name}: The factorization could not be completed because the input is not positive-definite "
-                f"(the leading minor of order {first} is not positive-definite).")
+                f"(the leading minor of order {first} is not positive-definite)."
+            )
         raise torch.linalg.LinAlgError(
             f"{api_name}: The diagonal element {first} is zero, the inversion could not be completed because the "
-            "input matrix is singular.")
+            "input matrix is singular."
+        )
     return None
 
 
 # ---- LDL^T (Bunch-Kaufman, as LAPACK sytf2/sytrs with uplo='L') ---------------------------
-_BK_ALPHA = (1 + 17 ** 0.5) / 8
+_BK_ALPHA = (1 + 17**0.5) / 8
 
 
 def _ldl_step(state):
@@ -634,8 +640,9 @@ def _ldl_step(state):
     imax = jnp.argmax(below)
     colmax = jnp.where(k < n - 1, jnp.max(below, initial=-1.0), 0.0).astype(m.dtype)
     row = jnp.abs(m[imax, :])
-    rowmax = jnp.maximum(jnp.max(jnp.where((idx >= k) & (idx < imax), row, -1.0)),
-                         jnp.max(jnp.where(idx > imax, row, -1.0)))
+    rowmax = jnp.maximum(
+        jnp.max(jnp.where((idx >= k) & (idx < imax), row, -1.0)), jnp.max(jnp.where(idx > imax, row, -1.0))
+    )
     zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
     keep = zero | (absakk >= _BK_ALPHA * colmax) | (absakk * rowmax >= _BK_ALPHA * colmax * colmax)
     one_by_imax = jnp.abs(m[imax, imax]) >= _BK_ALPHA * rowmax
@@ -684,10 +691,13 @@ def _batched(fn, a, *rest, core=2):
     batch = a.shape[:-core]
     if not batch:
         return fn(a, *rest)
-    flat = [x.reshape((-1,) + x.shape[len(batch):]) for x in (a, *rest)]
+    flat = [x.reshape((-1,) + x.shape[len(batch) :]) for x in (a, *rest)]
     outs = jax.vmap(fn)(*flat)
-    return tuple(o.reshape(batch + o.shape[1:]) for o in outs) if isinstance(outs, tuple) else \
-        outs.reshape(batch + outs.shape[1:])
+    return (
+        tuple(o.reshape(batch + o.shape[1:]) for o in outs)
+        if isinstance(outs, tuple)
+        else outs.reshape(batch + outs.shape[1:])
+    )
 
 
 @register(aten.linalg_ldl_factor_ex.default)

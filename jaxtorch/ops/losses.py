@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -123,7 +123,8 @@ def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100
     cdim = 0 if x.ndim == 1 else 1
     if jnp.issubdtype(target.dtype, jnp.floating):  # class probabilities, same shape as the input
         return _xent_probabilities(x, target.astype(x.dtype), weight, reduction, label_smoothing, cdim).astype(
-            self.dtype)
+            self.dtype
+        )
     valid = target != ignore_index
     safe = jnp.where(valid, target, 0).astype(jnp.int32)
     w = jnp.where(valid, 1, 0).astype(x.dtype) if weight is None else jnp.where(valid, weight.astype(x.dtype)[safe], 0)
@@ -190,14 +191,20 @@ mse_loss = _loss_op("mse_loss", lambda x, y: jnp.square(x - y))
 l1_loss = _loss_op("l1_loss", lambda x, y: jnp.abs(x - y))
 smooth_l1_loss = _loss_op(
     "smooth_l1_loss",
-    lambda x, y, beta: (jnp.abs(x - y) if beta == 0 else
-                        jnp.where(jnp.abs(x - y) < beta, 0.5 * jnp.square(x - y) / beta, jnp.abs(x - y) - 0.5 * beta)),
-    1.0)
+    lambda x, y, beta: (
+        jnp.abs(x - y)
+        if beta == 0
+        else jnp.where(jnp.abs(x - y) < beta, 0.5 * jnp.square(x - y) / beta, jnp.abs(x - y) - 0.5 * beta)
+    ),
+    1.0,
+)
 huber_loss = _loss_op(
     "huber_loss",
-    lambda x, y, delta: jnp.where(jnp.abs(x - y) < delta, 0.5 * jnp.square(x - y),
-                                  delta * (jnp.abs(x - y) - 0.5 * delta)),
-    1.0)
+    lambda x, y, delta: jnp.where(
+        jnp.abs(x - y) < delta, 0.5 * jnp.square(x - y), delta * (jnp.abs(x - y) - 0.5 * delta)
+    ),
+    1.0,
+)
 soft_margin_loss = _loss_op("soft_margin_loss", lambda x, y: jnp.log1p(jnp.exp(-y * x)))
 
 
@@ -288,8 +295,8 @@ def multilabel_margin_loss_forward(self, target, reduction):
     max(0, 1 - (x[j] - x[i])) / C, per sample; labels are read up to the first -1."""
     x = _opmath(self.reshape(1, -1) if self.ndim < 2 else self)
     labels, valid, is_target = _multilabel_targets(target.reshape(x.shape))
-    xt = jnp.take_along_axis(x, labels, axis=1)                                # (N, C) label scores
-    z = _relu_strict(1 - xt[:, :, None] + x[:, None, :])                     # (N, label j, class i)
+    xt = jnp.take_along_axis(x, labels, axis=1)  # (N, C) label scores
+    z = _relu_strict(1 - xt[:, :, None] + x[:, None, :])  # (N, label j, class i)
     z = jnp.where(valid[:, :, None] & ~is_target[:, None, :], z, 0)
     loss = (jnp.sum(z, axis=(1, 2)) / x.shape[1]).astype(self.dtype)
     is_target = is_target.astype(self.dtype).reshape(self.shape)
@@ -343,10 +350,23 @@ def _linear_xent_chunked_op():
 _LCE, _LCE_NONE = _linear_xent_chunked_op()
 
 
-def linear_cross_entropy_batch_chunked(input, linear_weight, target, linear_bias, weight, reduction,
-                                       ignore_index, label_smoothing, batch_chunk_size, acc_policy, acc_dtype,
-                                       allow_retain_graph, compute_input_grad, compute_linear_weight_grad,
-                                       compute_linear_bias_grad):
+def linear_cross_entropy_batch_chunked(
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    batch_chunk_size,
+    acc_policy,
+    acc_dtype,
+    allow_retain_graph,
+    compute_input_grad,
+    compute_linear_weight_grad,
+    compute_linear_bias_grad,
+):
     """`F.linear_cross_entropy` (mean/sum): (loss, grad_input, grad_linear_weight, grad_linear_bias).
 
     torch's op precomputes the gradients in its forward; here they are the VJP of the unchunked
@@ -362,13 +382,13 @@ def linear_cross_entropy_batch_chunked(input, linear_weight, target, linear_bias
         gx, gw, gb = pullback(jnp.ones((), loss.dtype))
     gx = gx.astype(input.dtype) if compute_input_grad else jnp.zeros((0, 0), input.dtype)
     gw = gw.astype(input.dtype) if compute_linear_weight_grad else jnp.zeros((0, 0), input.dtype)
-    gb = (gb.astype(input.dtype) if compute_linear_bias_grad and gb is not None
-          else jnp.zeros((0,), input.dtype))
+    gb = gb.astype(input.dtype) if compute_linear_bias_grad and gb is not None else jnp.zeros((0,), input.dtype)
     return loss, gx, gw, gb
 
 
-def linear_cross_entropy_batch_chunked_no_reduction(input, linear_weight, target, linear_bias, weight,
-                                                    ignore_index, batch_chunk_size, acc_policy, acc_dtype):
+def linear_cross_entropy_batch_chunked_no_reduction(
+    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size, acc_policy, acc_dtype
+):
     """`F.linear_cross_entropy(..., reduction='none')`: the per-row loss (N,), 0 on ignored rows."""
     loss, _ = _linear_xent_rows(input, linear_weight, target, linear_bias, weight, ignore_index)
     return loss.astype(input.dtype)
@@ -421,13 +441,14 @@ def _ctc_forward(log_probs, labels, input_lengths, target_lengths, blank):
         return cur, cur
 
     _, rest = lax.scan(step, alpha0, lp[1:])
-    alpha = jnp.concatenate([alpha0[None], rest], axis=0)                       # (T, N, S)
+    alpha = jnp.concatenate([alpha0[None], rest], axis=0)  # (T, N, S)
     last_t = jnp.clip(input_lengths - 1, 0, T - 1).astype(jnp.int32)
-    final = alpha[last_t, jnp.arange(N)]                                         # (N, S)
+    final = alpha[last_t, jnp.arange(N)]  # (N, S)
     end = (2 * target_lengths).astype(jnp.int32)
     l1 = jnp.take_along_axis(final, end[:, None], axis=1)[:, 0]
-    l2 = jnp.where(target_lengths > 0, jnp.take_along_axis(final, jnp.maximum(end - 1, 0)[:, None], axis=1)[:, 0],
-                   -jnp.inf)
+    l2 = jnp.where(
+        target_lengths > 0, jnp.take_along_axis(final, jnp.maximum(end - 1, 0)[:, None], axis=1)[:, 0], -jnp.inf
+    )
     nll = -_logsumexp(l1, l2)
     valid = (jnp.arange(T)[:, None, None] < input_lengths[None, :, None]) & (s_idx <= end[:, None])[None]
     return nll, jnp.where(valid, alpha, -jnp.inf).transpose(1, 0, 2)
@@ -489,7 +510,8 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_i
 
 
 @register(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
-def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
-                       blank, zero_infinity=False):
+def _ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
+):
     f = lambda lp: _ctc_loss(lp, targets, input_lengths, target_lengths, blank, zero_infinity)[0]  # noqa: E731
     return _vjp(f, (log_probs,), grad)[0]

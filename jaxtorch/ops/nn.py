@@ -24,7 +24,7 @@ import functools
 import itertools
 import math
 import operator
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -77,8 +77,15 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         return _depthwise(x, w, stride, padding, dilation)
     if not transposed:
         dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
-        return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
-                                        dimension_numbers=dn, feature_group_count=groups)
+        return lax.conv_general_dilated(
+            x,
+            w,
+            stride,
+            [(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=dn,
+            feature_group_count=groups,
+        )
     output_padding = _tup(output_padding, n) if output_padding else (0,) * n
     k = w.shape[2:]
     if groups == 1:
@@ -91,8 +98,16 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     rhs = lax.rev(rhs, tuple(range(2, 2 + n)))
     pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
     dn = lax.conv_dimension_numbers(x.shape, rhs.shape, ("NC" + sp, spec, "NC" + sp))
-    return lax.conv_general_dilated(x, rhs, (1,) * n, pads, lhs_dilation=stride, rhs_dilation=dilation,
-                                    dimension_numbers=dn, feature_group_count=groups)
+    return lax.conv_general_dilated(
+        x,
+        rhs,
+        (1,) * n,
+        pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=dn,
+        feature_group_count=groups,
+    )
 
 
 _DEPTHWISE_MAX_TAPS = 64  # kernels up to 8x8 (ConvNeXt's 7x7 included)
@@ -141,14 +156,28 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 
 
 @register(aten._convolution.default)
-def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
-                 benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
+def _convolution(
+    input,
+    weight,
+    bias,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    benchmark=False,
+    deterministic=False,
+    cudnn_enabled=True,
+    allow_tf32=True,
+):
     return convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
 @register(aten.convolution_backward.default)
-def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                         output_padding, groups, output_mask):
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
     """Gradients of `convolution` for input, weight and bias (None where `output_mask` is False)."""
     fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)  # noqa: E731
     gx, gw = _vjp(fn, (input, weight), grad_output)
@@ -187,11 +216,11 @@ def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode, with_indi
         return lax.reduce_window(lax.pad(x, jnp.array(low, x.dtype), pads), low, lax.max, window, strides, "VALID")
     ind = _max_pool_indices(x, lead, pads, window, strides, wdil, low)
     if dilated:  # JAX cannot differentiate dilated reduce_window_max: gather the winners instead
-        values = jnp.take_along_axis(x.reshape(x.shape[:lead] + (-1,)), ind.reshape(ind.shape[:lead] + (-1,)),
-                                     axis=-1).reshape(ind.shape)
+        values = jnp.take_along_axis(
+            x.reshape(x.shape[:lead] + (-1,)), ind.reshape(ind.shape[:lead] + (-1,)), axis=-1
+        ).reshape(ind.shape)
     else:
-        values = lax.reduce_window(lax.pad(x, jnp.array(low, x.dtype), pads), low, lax.max, window, strides,
-                                   "VALID")
+        values = lax.reduce_window(lax.pad(x, jnp.array(low, x.dtype), pads), low, lax.max, window, strides, "VALID")
     return (values, ind.astype(canonical_int())) if with_indices else values
 
 
@@ -210,9 +239,15 @@ def _max_pool_indices(x, lead, pads, window, strides, wdil, low):
         return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
 
     lowv = jnp.array(low, x.dtype)
-    _, ind = lax.reduce_window((lax.pad(xs, lowv, pads), lax.pad(idx, jnp.int32(big), pads)),
-                               (lowv, jnp.array(big, jnp.int32)), pick, window, strides, "VALID",
-                               window_dilation=wdil)
+    _, ind = lax.reduce_window(
+        (lax.pad(xs, lowv, pads), lax.pad(idx, jnp.int32(big), pads)),
+        (lowv, jnp.array(big, jnp.int32)),
+        pick,
+        window,
+        strides,
+        "VALID",
+        window_dilation=wdil,
+    )
     return ind
 
 
@@ -252,20 +287,18 @@ def _scatter_by_index(grad_output, self, indices, n):
     rows = math.prod(lead)
     g = grad_output.reshape(rows, -1)
     ind = indices.reshape(rows, -1)
-    out = jnp.zeros((rows, math.prod(self.shape[self.ndim - n:])), grad_output.dtype)
+    out = jnp.zeros((rows, math.prod(self.shape[self.ndim - n :])), grad_output.dtype)
     out = out.at[jnp.arange(rows)[:, None], ind].add(g)
     return out.reshape(self.shape)
 
 
 @register(aten.max_pool2d_with_indices_backward.default)
-def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode,
-                                     indices):
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
     return _scatter_by_index(grad_output, self, indices, 2)
 
 
 @register(aten.max_pool3d_with_indices_backward.default)
-def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode,
-                                     indices):
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
     return _scatter_by_index(grad_output, self, indices, 3)
 
 
@@ -305,14 +338,12 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
 
 
 @register(aten.avg_pool2d.default)
-def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @register(aten.avg_pool3d.default)
-def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
@@ -322,18 +353,36 @@ def avg_pool1d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_i
 
 
 @register(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
-    f = lambda x: _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,  # noqa: E731
-                            divisor_override)
+def avg_pool2d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    f = lambda x: _avg_pool(
+        x,
+        2,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,  # noqa: E731
+        divisor_override,
+    )
     return _vjp(f, (self,), grad_output)[0]
 
 
 @register(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
-    f = lambda x: _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,  # noqa: E731
-                            divisor_override)
+def avg_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    f = lambda x: _avg_pool(
+        x,
+        3,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,  # noqa: E731
+        divisor_override,
+    )
     return _vjp(f, (self,), grad_output)[0]
 
 
@@ -349,7 +398,7 @@ def _adaptive_avg(x, output_size, n):
         ax = lead + i
         size = xf.shape[ax]
         if size % o == 0:  # equal windows: a reshape and a mean, which XLA fuses
-            xf = jnp.mean(xf.reshape(xf.shape[:ax] + (o, size // o) + xf.shape[ax + 1:]), axis=ax + 1)
+            xf = jnp.mean(xf.reshape(xf.shape[:ax] + (o, size // o) + xf.shape[ax + 1 :]), axis=ax + 1)
         else:  # overlapping windows: a static averaging matrix
             m = np.zeros((o, size), np.float32)
             for j, (s, e) in enumerate(_adaptive_bounds(size, o)):
@@ -394,7 +443,7 @@ def _adaptive_max(x, output_size, n):
         kmax = max(e - s for s, e in bounds)
         idx = np.array([[min(s + j, e - 1) for j in range(kmax)] for s, e in bounds], np.int32)  # (o, kmax)
         ax = lead + 2 * i
-        x = jnp.take(x, jnp.asarray(idx.reshape(-1)), axis=ax).reshape(x.shape[:ax] + (o, kmax) + x.shape[ax + 1:])
+        x = jnp.take(x, jnp.asarray(idx.reshape(-1)), axis=ax).reshape(x.shape[:ax] + (o, kmax) + x.shape[ax + 1 :])
         flat_index = flat_index[..., None, None] * size + jnp.asarray(idx) if i else jnp.asarray(idx)
     # x: lead + (o1, k1, o2, k2, ...) -> lead + (o1, o2, ..., k1*k2*...)
     perm = tuple(range(lead)) + tuple(lead + 2 * i for i in range(n)) + tuple(lead + 2 * i + 1 for i in range(n))
@@ -403,8 +452,11 @@ def _adaptive_max(x, output_size, n):
     flat_index = jnp.transpose(flat_index, fperm).reshape(tuple(out_size) + (-1,))
     values = jnp.max(x, axis=-1)
     arg = jnp.argmax(lax.stop_gradient(x), axis=-1)
-    nan_arg = (x.shape[-1] - 1 - jnp.argmax(jnp.isnan(lax.stop_gradient(x))[..., ::-1], axis=-1)  # last NaN
-               if category(x.dtype) >= 2 else arg)
+    nan_arg = (
+        x.shape[-1] - 1 - jnp.argmax(jnp.isnan(lax.stop_gradient(x))[..., ::-1], axis=-1)  # last NaN
+        if category(x.dtype) >= 2
+        else arg
+    )
     has_nan = jnp.any(jnp.isnan(lax.stop_gradient(x)), axis=-1) if category(x.dtype) >= 2 else False
     arg = jnp.where(has_nan, nan_arg, arg)
     fi = jnp.broadcast_to(flat_index, x.shape[:lead] + flat_index.shape)
@@ -465,11 +517,11 @@ def _batch_norm_autograd(input, weight, bias, running_mean, running_var, trainin
     if running_mean is None and running_var is None:
         return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
     if not training:
-        return aten._native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum,
-                                                        eps)
+        return aten._native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
     # autograd saves the statistics it is given: hand it copies, the originals are written below
     out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
-        input, weight, bias, running_mean.clone(), running_var.clone(), True, momentum, eps)
+        input, weight, bias, running_mean.clone(), running_var.clone(), True, momentum, eps
+    )
     with torch.no_grad():
         running_mean.copy_(new_mean)
         running_var.copy_(new_var)
@@ -511,8 +563,9 @@ def _batch_norm_no_update(input, weight, bias, running_mean, running_var, moment
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
 
 
-def _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-                      output_mask):
+def _batch_norm_grads(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     def fwd(x, w):
         if train:
             return _batch_norm(x, w, None, None, None, True, 0.0, eps)[0]
@@ -521,22 +574,29 @@ def _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_m
     w = weight if weight is not None else jnp.ones((input.shape[1],), input.dtype)
     gx, gw = _vjp(fwd, (input, w), grad_out)
     gb = jnp.sum(_opmath(grad_out), axis=(0,) + tuple(range(2, grad_out.ndim))).astype(input.dtype)
-    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
-            gb if output_mask[2] else None)
+    return (
+        gx if output_mask[0] else None,
+        gw if output_mask[1] and weight is not None else None,
+        gb if output_mask[2] else None,
+    )
 
 
 @register(aten.native_batch_norm_backward.default)
-def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
-                               train, eps, output_mask):
-    return _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
-                             eps, output_mask)
+def native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
+    return _batch_norm_grads(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+    )
 
 
 @register(aten.batch_norm_backward.default)
-def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
-                        output_mask, reserve):
-    return _batch_norm_grads(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
-                             output_mask)
+def batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
+):
+    return _batch_norm_grads(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask
+    )
 
 
 def _layer_norm(input, normalized_shape, weight, bias, eps):
@@ -567,10 +627,12 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     w = weight if weight is not None else jnp.ones(tuple(normalized_shape), input.dtype)
     b = bias if bias is not None else jnp.zeros(tuple(normalized_shape), input.dtype)
-    gx, gw, gb = _vjp(lambda x, w_, b_: _layer_norm_given(x, w_, b_, normalized_shape, rstd), (input, w, b),
-                      grad_out)
-    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
-            gb if output_mask[2] and bias is not None else None)
+    gx, gw, gb = _vjp(lambda x, w_, b_: _layer_norm_given(x, w_, b_, normalized_shape, rstd), (input, w, b), grad_out)
+    return (
+        gx if output_mask[0] else None,
+        gw if output_mask[1] and weight is not None else None,
+        gb if output_mask[2] and bias is not None else None,
+    )
 
 
 def _layer_norm_given(x, w, b, normalized_shape, rstd):
@@ -619,8 +681,11 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
         return (out * _bcast_channel(w_, x.ndim) + _bcast_channel(b_, x.ndim)).astype(x.dtype)
 
     gx, gw, gb = _vjp(fwd, (input, w, b), grad_out)
-    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
-            gb if output_mask[2] else None)
+    return (
+        gx if output_mask[0] else None,
+        gw if output_mask[1] and weight is not None else None,
+        gb if output_mask[2] else None,
+    )
 
 
 def _rms_norm(input, normalized_shape, weight, eps):
@@ -776,6 +841,8 @@ def sigmoid_backward(grad_output, output):
     up = (lambda v: v) if output.dtype == jnp.float16 else _opmath
     y = jnp.conj(up(output))
     return (up(grad_output) * (1 - y) * y).astype(grad_output.dtype)
+
+
 register(aten.mish_backward.default)(_act_backward(_mish))
 register(aten.softplus_backward.default)(_act_backward(_softplus))
 
@@ -809,8 +876,7 @@ def celu(self, alpha=1.0):
 
 @register(aten.selu.default)
 def selu(self):
-    return _elu(_opmath(self), 1.6732632423543772848170429916717, 1.0507009873554804934193349852946).astype(
-        self.dtype)
+    return _elu(_opmath(self), 1.6732632423543772848170429916717, 1.0507009873554804934193349852946).astype(self.dtype)
 
 
 @register(aten.relu.default)
@@ -944,13 +1010,12 @@ def _bags(indices, offsets, include_last_offset):
     return bag.astype(jnp.int32), n_bags
 
 
-def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
-                   forward_only):
+def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, forward_only):
     """(output, offset2bag, bag_size, max_indices), shaped as torch's CPU kernel returns them."""
     idx = indices.astype(jnp.int32)
     bag, n_bags = _bags(indices, offsets, include_last_offset)
     keep = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else jnp.ones(idx.shape, bool)
-    rows = jnp.take(weight, idx, axis=0)                                                  # (n, D)
+    rows = jnp.take(weight, idx, axis=0)  # (n, D)
     count = jax.ops.segment_sum(keep.astype(jnp.int32), bag, n_bags)
     ints = canonical_int()
     if mode == 0:  # sum
@@ -966,10 +1031,10 @@ def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_l
         return out, bag.astype(ints), count.astype(ints), count.astype(ints)
     # max: the first index holding each feature's maximum (torch's strict `>` scan)
     masked = jnp.where(keep[:, None], rows, -jnp.inf)
-    best = jax.ops.segment_max(masked, bag, n_bags)                                       # (B, D)
+    best = jax.ops.segment_max(masked, bag, n_bags)  # (B, D)
     n = idx.shape[0]
     first = jnp.where(keep[:, None] & (masked == best[bag]), jnp.arange(n)[:, None], n)
-    pos = jax.ops.segment_min(first, bag, n_bags)                                         # (B, D)
+    pos = jax.ops.segment_min(first, bag, n_bags)  # (B, D)
     empty = (count == 0)[:, None]
     pos = jnp.where(empty, 0, pos)
     out = jnp.where(empty, 0, jnp.take_along_axis(rows, pos, axis=0)) if n else jnp.zeros(best.shape, rows.dtype)
@@ -978,32 +1043,58 @@ def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_l
 
 
 @register(aten._embedding_bag_forward_only.default)
-def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                                per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def _embedding_bag_forward_only(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """`F.embedding_bag` without torch autograd: per-bag sum / mean / max of embedding rows.
 
     Bags are static in number (offsets' length); indices map to bags with a sorted search, and
     the reductions are segment sums / maxes, so it traces under `jax.jit`.
     """
-    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
-                          True)
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, True)
 
 
 @register(aten._embedding_bag.default)
-def _embedding_bag_lowering(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                            per_sample_weights=None, include_last_offset=False, padding_idx=-1):
-    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
-                          False)
+def _embedding_bag_lowering(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, False)
 
 
 @register(aten._embedding_bag_dense_backward.default)
-def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+def _embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
     """Gradient for the weight: each bag's gradient scattered to the rows that made it."""
     idx = indices.astype(jnp.int32)
     keep = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else jnp.ones(idx.shape, bool)
     if mode == 2:
-        rows = maximum_indices.astype(jnp.int32)                                          # (B, D)
+        rows = maximum_indices.astype(jnp.int32)  # (B, D)
         g = jnp.where((bag_size > 0)[:, None], grad, 0)
         cols = jnp.broadcast_to(jnp.arange(grad.shape[1]), rows.shape)
         return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[rows, cols].add(g)
@@ -1021,12 +1112,34 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
 
 
 @register(aten._embedding_bag_backward.default)
-def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+def _embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
     if offset2bag.shape[0] != indices.shape[0]:  # torch's sum fast path returns no offset2bag
-        offset2bag = _bags(indices, offsets[:grad.shape[0]], False)[0]
-    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+        offset2bag = _bags(indices, offsets[: grad.shape[0]], False)[0]
+    return _embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @register(aten._embedding_bag_per_sample_weights_backward.default)
@@ -1077,10 +1190,15 @@ def im2col(self, kernel_size, dilation, padding, stride):
         shape = im2col(jnp.zeros((1,) + x.shape[1:], x.dtype), kernel_size, dilation, padding, stride).shape
         return jnp.zeros((0,) + shape[1:] if batched else shape[1:], self.dtype)
     p = _tup(padding, 2)
-    patches = lax.conv_general_dilated_patches(x, _tup(kernel_size, 2), _tup(stride, 2), [(q, q) for q in p],
-                                               rhs_dilation=_tup(dilation, 2),
-                                               dimension_numbers=("NCHW", "OIHW", "NCHW"),
-                                               precision=lax.Precision.HIGHEST)
+    patches = lax.conv_general_dilated_patches(
+        x,
+        _tup(kernel_size, 2),
+        _tup(stride, 2),
+        [(q, q) for q in p],
+        rhs_dilation=_tup(dilation, 2),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        precision=lax.Precision.HIGHEST,
+    )
     out = patches.reshape(patches.shape[0], patches.shape[1], -1).astype(self.dtype)
     return out if batched else out[0]
 
@@ -1154,6 +1272,7 @@ def max_unpool3d(self, indices, output_size, stride, padding):
 @register(aten._trilinear.default)
 def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     """`F.bilinear`'s kernel: broadcast the three inputs at the given dims, multiply, sum `sumdim`."""
+
     def expand(a, dims):
         for d in sorted(dims):
             a = jnp.expand_dims(a, d)

@@ -27,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -126,40 +127,106 @@ def _polevl(x, coeffs: Sequence[float]):
 
 
 # Cephes j0/j1 coefficients (as used by PyTorch's `calc_bessel_j0`/`calc_bessel_j1`).
-_J0_PP = [7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e00,
-          5.44725003058768775090e00, 8.74716500199817011941e00, 5.30324038235394892183e00,
-          9.99999999999999997821e-01]
-_J0_PQ = [9.24408810558863637013e-04, 8.56288474354474431428e-02, 1.25352743901058953537e00,
-          5.47097740330417105182e00, 8.76190883237069594232e00, 5.30605288235394617618e00,
-          1.00000000000000000218e00]
-_J0_QP = [-1.13663838898469149931e-02, -1.28252718670509318512e00, -1.95539544257735972385e01,
-          -9.32060152123768231369e01, -1.77681167980488050595e02, -1.47077505154951170175e02,
-          -5.14105326766599330220e01, -6.05014350600728481186e00]
-_J0_QQ = [1.0, 6.43178256118178023184e01, 8.56430025976980587198e02, 3.88240183605401609683e03,
-          7.24046774195652478189e03, 5.93072701187316984827e03, 2.06209331660327847417e03,
-          2.42005740240291393179e02]
-_J0_RP = [-4.79443220978201773821e09, 1.95617491946556577543e12, -2.49248344360967716204e14,
-          9.70862251047306323952e15]
-_J0_RQ = [1.0, 4.99563147152651017219e02, 1.73785401676374683123e05, 4.84409658339962045305e07,
-          1.11855537045356834862e10, 2.11277520115489217587e12, 3.10518229857422583814e14,
-          3.18121955943204943306e16, 1.71086294081043136091e18]
-_J1_PP = [7.62125616208173112003e-04, 7.31397056940917570436e-02, 1.12719608129684925192e00,
-          5.11207951146807644818e00, 8.42404590141772420927e00, 5.21451598682361504063e00,
-          1.00000000000000000254e00]
-_J1_PQ = [5.71323128072548699714e-04, 6.88455908754495404082e-02, 1.10514232634061696926e00,
-          5.07386386128601488557e00, 8.39985554327604159757e00, 5.20982848682361821619e00,
-          9.99999999999999997461e-01]
-_J1_QP = [5.10862594750176621635e-02, 4.98213872951233449420e00, 7.58238284132545283818e01,
-          3.66779609360150777800e02, 7.10856304998926107277e02, 5.97489612400613639965e02,
-          2.11688757100572135698e02, 2.52070205858023719784e01]
-_J1_QQ = [1.0, 7.42373277035675149943e01, 1.05644886038262816351e03, 4.98641058337653607651e03,
-          9.56231892404756170795e03, 7.99704160447350683650e03, 2.82619278517639096600e03,
-          3.36093607810698293419e02]
-_J1_RP = [-8.99971225705559398224e08, 4.52228297998194034323e11, -7.27494245221818276015e13,
-          3.68295732863852883286e15]
-_J1_RQ = [1.0, 6.20836478118054335476e02, 2.56987256757748830383e05, 8.35146791431949253037e07,
-          2.21511595479792499675e10, 4.74914122079991414898e12, 7.84369607876235854894e14,
-          8.95222336184627338078e16, 5.32278620332680085395e18]
+_J0_PP = [
+    7.96936729297347051624e-04,
+    8.28352392107440799803e-02,
+    1.23953371646414299388e00,
+    5.44725003058768775090e00,
+    8.74716500199817011941e00,
+    5.30324038235394892183e00,
+    9.99999999999999997821e-01,
+]
+_J0_PQ = [
+    9.24408810558863637013e-04,
+    8.56288474354474431428e-02,
+    1.25352743901058953537e00,
+    5.47097740330417105182e00,
+    8.76190883237069594232e00,
+    5.30605288235394617618e00,
+    1.00000000000000000218e00,
+]
+_J0_QP = [
+    -1.13663838898469149931e-02,
+    -1.28252718670509318512e00,
+    -1.95539544257735972385e01,
+    -9.32060152123768231369e01,
+    -1.77681167980488050595e02,
+    -1.47077505154951170175e02,
+    -5.14105326766599330220e01,
+    -6.05014350600728481186e00,
+]
+_J0_QQ = [
+    1.0,
+    6.43178256118178023184e01,
+    8.56430025976980587198e02,
+    3.88240183605401609683e03,
+    7.24046774195652478189e03,
+    5.93072701187316984827e03,
+    2.06209331660327847417e03,
+    2.42005740240291393179e02,
+]
+_J0_RP = [-4.79443220978201773821e09, 1.95617491946556577543e12, -2.49248344360967716204e14, 9.70862251047306323952e15]
+_J0_RQ = [
+    1.0,
+    4.99563147152651017219e02,
+    1.73785401676374683123e05,
+    4.84409658339962045305e07,
+    1.11855537045356834862e10,
+    2.11277520115489217587e12,
+    3.10518229857422583814e14,
+    3.18121955943204943306e16,
+    1.71086294081043136091e18,
+]
+_J1_PP = [
+    7.62125616208173112003e-04,
+    7.31397056940917570436e-02,
+    1.12719608129684925192e00,
+    5.11207951146807644818e00,
+    8.42404590141772420927e00,
+    5.21451598682361504063e00,
+    1.00000000000000000254e00,
+]
+_J1_PQ = [
+    5.71323128072548699714e-04,
+    6.88455908754495404082e-02,
+    1.10514232634061696926e00,
+    5.07386386128601488557e00,
+    8.39985554327604159757e00,
+    5.20982848682361821619e00,
+    9.99999999999999997461e-01,
+]
+_J1_QP = [
+    5.10862594750176621635e-02,
+    4.98213872951233449420e00,
+    7.58238284132545283818e01,
+    3.66779609360150777800e02,
+    7.10856304998926107277e02,
+    5.97489612400613639965e02,
+    2.11688757100572135698e02,
+    2.52070205858023719784e01,
+]
+_J1_QQ = [
+    1.0,
+    7.42373277035675149943e01,
+    1.05644886038262816351e03,
+    4.98641058337653607651e03,
+    9.56231892404756170795e03,
+    7.99704160447350683650e03,
+    2.82619278517639096600e03,
+    3.36093607810698293419e02,
+]
+_J1_RP = [-8.99971225705559398224e08, 4.52228297998194034323e11, -7.27494245221818276015e13, 3.68295732863852883286e15]
+_J1_RQ = [
+    1.0,
+    6.20836478118054335476e02,
+    2.56987256757748830383e05,
+    8.35146791431949253037e07,
+    2.21511595479792499675e10,
+    4.74914122079991414898e12,
+    7.84369607876235854894e14,
+    8.95222336184627338078e16,
+    5.32278620332680085395e18,
+]
 _DR1, _DR2 = 5.78318596294678452118e00, 3.04712623436620863991e01
 _Z1, _Z2 = 1.46819706421238932572e01, 4.92184563216946036703e01
 
@@ -205,23 +272,59 @@ def _rsqrt(a):
 
 
 _UNARY_MATH: dict[str, Callable] = {
-    "acos": jnp.arccos, "acosh": jnp.arccosh, "asin": jnp.arcsin, "asinh": jnp.arcsinh,
-    "atan": jnp.arctan, "atanh": jnp.arctanh, "cos": jnp.cos, "cosh": jnp.cosh,
-    "sin": jnp.sin, "sinh": jnp.sinh, "tan": jnp.tan, "tanh": jnp.tanh,
-    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1,
-    "log": jnp.log, "log1p": jnp.log1p, "log2": jnp.log2, "log10": jnp.log10,
-    "sqrt": jnp.sqrt, "rsqrt": _rsqrt, "cbrt": jnp.cbrt, "reciprocal": _reciprocal,
-    "erf": jsp.erf, "erfc": jsp.erfc, "erf_inv": jsp.erfinv, "erfcx": jsp.erfcx,
-    "lgamma": jsp.gammaln, "digamma": _digamma, "ndtri": jsp.ndtri,
-    "bessel_i0": jsp.i0, "bessel_i0e": jsp.i0e, "bessel_i1": jsp.i1, "bessel_i1e": jsp.i1e,
-    "bessel_j0": _bessel_j0, "bessel_j1": _bessel_j1, "spherical_bessel_j0": _spherical_bessel_j0,
+    "acos": jnp.arccos,
+    "acosh": jnp.arccosh,
+    "asin": jnp.arcsin,
+    "asinh": jnp.arcsinh,
+    "atan": jnp.arctan,
+    "atanh": jnp.arctanh,
+    "cos": jnp.cos,
+    "cosh": jnp.cosh,
+    "sin": jnp.sin,
+    "sinh": jnp.sinh,
+    "tan": jnp.tan,
+    "tanh": jnp.tanh,
+    "exp": jnp.exp,
+    "exp2": jnp.exp2,
+    "expm1": jnp.expm1,
+    "log": jnp.log,
+    "log1p": jnp.log1p,
+    "log2": jnp.log2,
+    "log10": jnp.log10,
+    "sqrt": jnp.sqrt,
+    "rsqrt": _rsqrt,
+    "cbrt": jnp.cbrt,
+    "reciprocal": _reciprocal,
+    "erf": jsp.erf,
+    "erfc": jsp.erfc,
+    "erf_inv": jsp.erfinv,
+    "erfcx": jsp.erfcx,
+    "lgamma": jsp.gammaln,
+    "digamma": _digamma,
+    "ndtri": jsp.ndtri,
+    "bessel_i0": jsp.i0,
+    "bessel_i0e": jsp.i0e,
+    "bessel_i1": jsp.i1,
+    "bessel_i1e": jsp.i1e,
+    "bessel_j0": _bessel_j0,
+    "bessel_j1": _bessel_j1,
+    "spherical_bessel_j0": _spherical_bessel_j0,
 }
 _UNARY_EXACT: dict[str, Callable] = {
-    "abs": jnp.abs, "neg": jnp.negative, "sign": _sign, "signbit": jnp.signbit,
-    "isfinite": jnp.isfinite, "bitwise_not": _invert,
-    "floor": _rounding(jnp.floor), "ceil": _rounding(jnp.ceil), "trunc": _rounding(jnp.trunc),
+    "abs": jnp.abs,
+    "neg": jnp.negative,
+    "sign": _sign,
+    "signbit": jnp.signbit,
+    "isfinite": jnp.isfinite,
+    "bitwise_not": _invert,
+    "floor": _rounding(jnp.floor),
+    "ceil": _rounding(jnp.ceil),
+    "trunc": _rounding(jnp.trunc),
     "round": _rounding(jnp.round),  # half to even, like torch.round
-    "conj_physical": jnp.conj, "conj": jnp.conj, "real": jnp.real, "imag": jnp.imag,
+    "conj_physical": jnp.conj,
+    "conj": jnp.conj,
+    "real": jnp.real,
+    "imag": jnp.imag,
 }
 
 for _name, _fn in _UNARY_MATH.items():
@@ -269,15 +372,35 @@ def _fmod(a, b):
 
 
 _BINARY: dict[str, Callable] = {
-    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": _div,
-    "fmod": _fmod, "remainder": jnp.remainder, "pow": jnp.power,
-    "atan2": jnp.arctan2, "hypot": jnp.hypot, "nextafter": jnp.nextafter,
-    "maximum": jnp.maximum, "minimum": jnp.minimum, "fmax": jnp.fmax, "fmin": jnp.fmin,
-    "bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or, "bitwise_xor": jnp.bitwise_xor,
-    "shift_left": jnp.left_shift, "shift_right_arithmetic": jnp.right_shift, "gcd": jnp.gcd,
-    "eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
-    "gt": jnp.greater, "ge": jnp.greater_equal,
-    "igamma": jsp.gammainc, "igammac": jsp.gammaincc, "zeta": jsp.zeta,
+    "add": jnp.add,
+    "sub": jnp.subtract,
+    "mul": jnp.multiply,
+    "div": _div,
+    "fmod": _fmod,
+    "remainder": jnp.remainder,
+    "pow": jnp.power,
+    "atan2": jnp.arctan2,
+    "hypot": jnp.hypot,
+    "nextafter": jnp.nextafter,
+    "maximum": jnp.maximum,
+    "minimum": jnp.minimum,
+    "fmax": jnp.fmax,
+    "fmin": jnp.fmin,
+    "bitwise_and": jnp.bitwise_and,
+    "bitwise_or": jnp.bitwise_or,
+    "bitwise_xor": jnp.bitwise_xor,
+    "shift_left": jnp.left_shift,
+    "shift_right_arithmetic": jnp.right_shift,
+    "gcd": jnp.gcd,
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+    "igamma": jsp.gammainc,
+    "igammac": jsp.gammaincc,
+    "zeta": jsp.zeta,
 }
 
 for _name, _fn in _BINARY.items():
@@ -300,7 +423,7 @@ def broadcast_in_dim(a, shape: Sequence[int], broadcast_dimensions: Sequence[int
 
 def _collapsed_shape(shape: Sequence[int], start: int, end: int) -> tuple[int, ...]:
     shape = tuple(shape) or (1,)
-    return shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]
+    return shape[:start] + (math.prod(shape[start : end + 1]),) + shape[end + 1 :]
 
 
 @register(prims.collapse_view.default, prims.collapse.default)
@@ -313,7 +436,7 @@ def collapse(a, start: int, end: int):
 def split_dim(a, dim: int, outer_length: int):
     """Dim `dim` split into `(outer_length, size // outer_length)`."""
     dim = dim % max(a.ndim, 1)
-    shape = a.shape[:dim] + (outer_length, a.shape[dim] // outer_length) + a.shape[dim + 1:]
+    shape = a.shape[:dim] + (outer_length, a.shape[dim] // outer_length) + a.shape[dim + 1 :]
     return jnp.reshape(a, shape)
 
 
@@ -437,7 +560,9 @@ def copy_to(a, b):
 def resize(a, shape: Sequence[int]):
     """`a` unchanged when `shape` is its shape; JAX-backed tensors cannot change size."""
     if tuple(shape) != tuple(a.shape):
-        raise RuntimeError(f"jaxtorch: prims.resize cannot resize a JAX-backed tensor from {a.shape} to {tuple(shape)}.")
+        raise RuntimeError(
+            f"jaxtorch: prims.resize cannot resize a JAX-backed tensor from {a.shape} to {tuple(shape)}."
+        )
     return a
 
 
@@ -555,8 +680,9 @@ def empty_strided(shape: Sequence[int], strides: Sequence[int], *, dtype, device
 
 
 @register(prims.empty_permuted.default)
-def empty_permuted(shape: Sequence[int], physical_layout: Sequence[int], *, dtype, device=None,
-                   requires_grad: bool = False):
+def empty_permuted(
+    shape: Sequence[int], physical_layout: Sequence[int], *, dtype, device=None, requires_grad: bool = False
+):
     """Zeros of `shape` (JAX arrays have no physical layout)."""
     return jnp.zeros(tuple(shape), dtype)
 
@@ -571,8 +697,7 @@ def scalar_tensor(s, *, dtype=None, device=None):
 
 # ---- random --------------------------------------------------------------------------------
 @register(prims.normal.default, random=True)
-def normal(shape: Sequence[int], *, mean, std, dtype, device=None, requires_grad: bool = False,
-           generator=None, key):
+def normal(shape: Sequence[int], *, mean, std, dtype, device=None, requires_grad: bool = False, generator=None, key):
     """Normal samples with `mean` and `std` (from the bridge's key; `generator` is ignored)."""
     return (mean + std * jax.random.normal(key, tuple(shape), dtype)).astype(dtype)
 

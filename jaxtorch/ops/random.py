@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -89,30 +89,35 @@ def randperm(n, *, key, dtype=None, generator=None, layout=None, device=None, pi
 
 
 @register(aten.rand_like.default, aten.rand_like.generator, random=True)
-def rand_like(a, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None,
-              memory_format=None):
+def rand_like(a, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """`torch.rand_like(x)`: uniform on [0, 1) with `x`'s shape and dtype."""
     return jax.random.uniform(key, a.shape, dtype or a.dtype)
 
 
 @register(aten.randn_like.default, aten.randn_like.generator, random=True)
-def randn_like(a, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None,
-               memory_format=None):
+def randn_like(a, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """`torch.randn_like(x)`: standard normal with `x`'s shape and dtype."""
     return jax.random.normal(key, a.shape, dtype or a.dtype)
 
 
-@register(aten.randint_like.default, aten.randint_like.generator, aten.randint_like.Tensor,
-          aten.randint_like.Tensor_generator, random=True)
-def randint_like(a, high, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None,
-                 memory_format=None):
+@register(
+    aten.randint_like.default,
+    aten.randint_like.generator,
+    aten.randint_like.Tensor,
+    aten.randint_like.Tensor_generator,
+    random=True,
+)
+def randint_like(
+    a, high, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
     """`torch.randint_like(x, 10)`: integers on [0, high) with `x`'s shape and dtype."""
     return _randint(key, 0, high, a.shape, dtype or a.dtype)
 
 
 @register(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, random=True)
-def randint_like_low(a, low, high, *, key, dtype=None, generator=None, layout=None, device=None,
-                     pin_memory=None, memory_format=None):
+def randint_like_low(
+    a, low, high, *, key, dtype=None, generator=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
     """`torch.randint_like(x, 3, 10)`: integers on [low, high)."""
     return _randint(key, low, high, a.shape, dtype or a.dtype)
 
@@ -145,8 +150,7 @@ def normal_tensor_tensor(mean, std, *, key, generator=None):
 
 
 @register(aten.normal.float_float, random=True)
-def normal_float_float(mean, std, size, *, key, generator=None, dtype=None, layout=None, device=None,
-                       pin_memory=None):
+def normal_float_float(mean, std, size, *, key, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     """`torch.normal(0.0, 1.0, size=(2, 3))`."""
     dtype = dtype or default_float()
     return (mean + std * jax.random.normal(key, _shape(size), dtype)).astype(dtype)
@@ -220,8 +224,12 @@ def cauchy_(a, median=0.0, sigma=1.0, *, key, generator=None):
     return (median + sigma * jax.random.cauchy(key, a.shape, dtype)).astype(a.dtype)
 
 
-_FLOAT_DIGITS = {np.dtype(np.float16): 11, np.dtype(jnp.bfloat16): 8, np.dtype(np.float32): 24,
-                 np.dtype(np.float64): 53}
+_FLOAT_DIGITS = {
+    np.dtype(np.float16): 11,
+    np.dtype(jnp.bfloat16): 8,
+    np.dtype(np.float32): 24,
+    np.dtype(np.float64): 53,
+}
 
 
 def _random_upper(dtype) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..bridge.core._dtypes import canonical_int, default_float, to_torch_dtype
-from ._semantics import category, canon_dim, canon_dims, result_type, to_real
+from ._semantics import canon_dim, canon_dims, category, result_type, to_real
 from .registry import register
 from .sorting import stable_argsort
 
@@ -56,8 +56,10 @@ def _keep(out, a, axes, keepdim: bool):
 
 def _check_nonempty(name: str, a, axes, all_dims: bool = False) -> None:
     if a.size == 0 and all_dims:
-        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
-                           "Specify the reduction dim with the 'dim' argument.")
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
     if a.size == 0:
         for ax in axes or range(a.ndim):
             if a.shape[ax] == 0:
@@ -70,14 +72,15 @@ def _torch_name(dtype) -> str:
 
 def _scalar_type_name(dtype) -> str:
     """ATen's name of a dtype in "not implemented for 'Long'" errors."""
-    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch."):-len("Tensor")]
+    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch.") : -len("Tensor")]
 
 
 def _require_float(name: str, a, dtype=None) -> None:
     if category(dtype if dtype is not None else a.dtype) < _FLOAT:
         raise RuntimeError(
             f"{name}(): could not infer output dtype. Input dtype must be either a floating point or complex "
-            f"dtype. Got: {_torch_name(a.dtype).capitalize()}")
+            f"dtype. Got: {_torch_name(a.dtype).capitalize()}"
+        )
 
 
 def _sum_dtype(a, dtype):
@@ -144,8 +147,10 @@ def mean(a, dim=None, keepdim=False, *, dtype=None):
 def nanmean(a, dim=None, keepdim=False, *, dtype=None):
     """`torch.nanmean`: the mean of the non-NaN elements."""
     if category(a.dtype) < _FLOAT:
-        raise RuntimeError(f"nanmean(): expected input to have floating point or complex dtype but got "
-                           f"{_torch_name(a.dtype).capitalize()}")
+        raise RuntimeError(
+            f"nanmean(): expected input to have floating point or complex dtype but got "
+            f"{_torch_name(a.dtype).capitalize()}"
+        )
     a = a.astype(dtype) if dtype is not None else a
     axes = _axes(a, dim)
     count = jnp.sum(~jnp.isnan(a), axis=axes, keepdims=keepdim)
@@ -172,16 +177,20 @@ def amin(a, dim=(), keepdim=False):
 def max_(a):
     """`torch.max(x)` over all elements (the gradient is shared among ties)."""
     if a.size == 0:
-        raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0. "
-                           "Specify the reduction dim with the 'dim' argument.")
+        raise RuntimeError(
+            "max(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
     return jnp.max(a)
 
 
 @register(aten.min.default)
 def min_(a):
     if a.size == 0:
-        raise RuntimeError("min(): Expected reduction dim to be specified for input.numel() == 0. "
-                           "Specify the reduction dim with the 'dim' argument.")
+        raise RuntimeError(
+            "min(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
     return jnp.min(a)
 
 
@@ -210,8 +219,9 @@ def aminmax(a, *, dim=None, keepdim=False):
     """`torch.aminmax` -> (min, max)."""
     axes = _axes(a, dim)
     if a.size == 0 and any(a.shape[ax] == 0 for ax in (axes or range(a.ndim))):
-        raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has "
-                           "no identity.")
+        raise RuntimeError(
+            "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity."
+        )
     if dim is None and keepdim:
         return jnp.min(a).reshape((1,) * a.ndim), jnp.max(a).reshape((1,) * a.ndim)
     return jnp.min(a, axis=axes, keepdims=keepdim), jnp.max(a, axis=axes, keepdims=keepdim)
@@ -353,7 +363,7 @@ def _norm_value(x, p: float, axes, keepdim: bool):
         return jnp.sum(a, axis=axes, keepdims=keepdim)
     if p == 2:
         return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
-    return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
+    return jnp.sum(a**p, axis=axes, keepdims=keepdim) ** (1.0 / p)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
@@ -390,15 +400,19 @@ def _vector_norm_jvp(p, axes, keepdim, primals, tangents):
 def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     """torch's `linalg.vector_norm` on a JAX array (real result; float/complex inputs only)."""
     if category(x.dtype) < _FLOAT:
-        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                           f"Got {_torch_name(x.dtype).capitalize()}")
+        raise RuntimeError(
+            f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
+            f"Got {_torch_name(x.dtype).capitalize()}"
+        )
     if dtype is not None:
         x = x.astype(dtype)
     axes = _axes(x, dim)
     p = float(ord)
     if p < 0 and x.size == 0:
-        raise RuntimeError(f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the "
-                           "operation does not have an identity")
+        raise RuntimeError(
+            f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the "
+            "operation does not have an identity"
+        )
     if category(x.dtype) == _COMPLEX:
         x = jnp.abs(x)
     return _vector_norm(x, p, axes, keepdim)
@@ -513,7 +527,7 @@ def cummin(a, dim):
 # ---- order statistics (built on a stable sort, NaN last) ----------------------------------
 def _nan_count(x, axis):
     if category(x.dtype) < _FLOAT:
-        return jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1:], canonical_int())
+        return jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1 :], canonical_int())
     return jnp.sum(jnp.isnan(x), axis=axis, keepdims=True, dtype=canonical_int())
 
 
@@ -646,6 +660,7 @@ def torch_quickselect_index(row, k: int):
 @register(aten.kthvalue.default)
 def kthvalue(a, k, dim=-1, keepdim=False):
     """`torch.kthvalue` -> (values, indices) of the k-th smallest element (1-based), ties as torch's CPU."""
+
     def fn(x, axis):
         _check_nonempty("kthvalue", x, (axis,))
         if not 1 <= k <= x.shape[axis]:
@@ -662,6 +677,7 @@ def kthvalue(a, k, dim=-1, keepdim=False):
 @register(aten.mode.default)
 def mode(a, dim=-1, keepdim=False):
     """`torch.mode` -> (values, indices): the smallest most frequent value and its last index."""
+
     def fn(x, axis):
         n = x.shape[axis]
         if n == 0:
@@ -671,10 +687,8 @@ def mode(a, dim=-1, keepdim=False):
         pos = jnp.arange(n).reshape([n if ax == axis else 1 for ax in range(x.ndim)])
         prev = jax.lax.slice_in_dim(s, 0, n - 1, axis=axis)
         nxt = jax.lax.slice_in_dim(s, 1, n, axis=axis)
-        start = jnp.pad(prev != nxt, [(1, 0) if ax == axis else (0, 0) for ax in range(x.ndim)],
-                        constant_values=True)
-        end = jnp.pad(prev != nxt, [(0, 1) if ax == axis else (0, 0) for ax in range(x.ndim)],
-                      constant_values=True)
+        start = jnp.pad(prev != nxt, [(1, 0) if ax == axis else (0, 0) for ax in range(x.ndim)], constant_values=True)
+        end = jnp.pad(prev != nxt, [(0, 1) if ax == axis else (0, 0) for ax in range(x.ndim)], constant_values=True)
         run_start = jax.lax.cummax(jnp.where(start, pos, 0), axis=axis)
         freq = jnp.where(end, pos - run_start + 1, 0)
         best = jnp.argmax(freq, axis=axis, keepdims=True)
@@ -768,8 +782,10 @@ def histogramdd_bin_edges(a, bins, *, range=None, weight=None, density=False):
     """`torch.histogramdd`'s edges for bin counts: per dim, `bins[d] + 1` edges over `range` or the data's range."""
     points = _points(a)
     if len(bins) != points.shape[1]:
-        raise RuntimeError(f"torch.histogramdd: expected {points.shape[1]} sequences of bin edges for each of the "
-                           f"{points.shape[1]} dimensions of the input, but got {len(bins)}")
+        raise RuntimeError(
+            f"torch.histogramdd: expected {points.shape[1]} sequences of bin edges for each of the "
+            f"{points.shape[1]} dimensions of the input, but got {len(bins)}"
+        )
     if range is not None:
         lo = jnp.asarray(range[0::2], points.dtype)
         hi = jnp.asarray(range[1::2], points.dtype)
@@ -919,8 +935,11 @@ def _float64_words(x):
     # subnormal float32 -> normal float64
     p = u32(31) - jax.lax.clz(mant)
     frac = mant - jax.lax.shift_left(u32(1), p)
-    sub_hi = jnp.where(p >= 20, jax.lax.shift_right_logical(frac, jnp.maximum(p, u32(20)) - u32(20)),
-                       jax.lax.shift_left(frac, u32(20) - jnp.minimum(p, u32(20))))
+    sub_hi = jnp.where(
+        p >= 20,
+        jax.lax.shift_right_logical(frac, jnp.maximum(p, u32(20)) - u32(20)),
+        jax.lax.shift_left(frac, u32(20) - jnp.minimum(p, u32(20))),
+    )
     sub_hi = sign | ((p + u32(874)) << 20) | sub_hi
     sub_lo = jax.lax.shift_left(frac, u32(52) - p)  # a shift past 31 gives 0
     subnormal = (exp == 0) & (mant != 0)

@@ -177,8 +177,9 @@ def _aa_matrix(in_size: int, out_size: int, align_corners: bool, scale, cubic: b
     x = np.abs(((src.astype(f32) - center[:, None]).astype(np.float64) + 0.5) * invscale).astype(f32)
     if cubic:
         a = f32(-0.5)
-        w = np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
-                     np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0))
+        w = np.where(
+            x < 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0)
+        )
     else:
         w = np.where(x < 1, 1 - x, 0)
     w = np.where(j < xsize[:, None], w, 0).astype(f32)
@@ -198,8 +199,7 @@ def _resample_aa(x, output_size, align_corners, scales, cubic):
         ax = lead + i
         if x.shape[ax] == o:
             continue
-        m = jnp.asarray(_aa_matrix(x.shape[ax], int(o), align_corners, scales[i] if scales else None, cubic),
-                        xf.dtype)
+        m = jnp.asarray(_aa_matrix(x.shape[ax], int(o), align_corners, scales[i] if scales else None, cubic), xf.dtype)
         xf = jnp.moveaxis(jnp.tensordot(xf, m, axes=[[ax], [1]], precision=lax.Precision.HIGHEST), -1, ax)
     return xf.astype(x.dtype)
 
@@ -231,17 +231,21 @@ def _upsample_backward(forward):
     return backward
 
 
-for _name, _fwd in [("upsample_nearest1d", upsample_nearest1d), ("upsample_nearest2d", upsample_nearest2d),
-                    ("upsample_nearest3d", upsample_nearest3d),
-                    ("_upsample_nearest_exact1d", _upsample_nearest_exact1d),
-                    ("_upsample_nearest_exact2d", _upsample_nearest_exact2d),
-                    ("_upsample_nearest_exact3d", _upsample_nearest_exact3d),
-                    ("upsample_linear1d", upsample_linear1d), ("upsample_bilinear2d", upsample_bilinear2d),
-                    ("upsample_trilinear3d", upsample_trilinear3d), ("upsample_bicubic2d", upsample_bicubic2d),
-                    ("_upsample_bilinear2d_aa", _upsample_bilinear2d_aa),
-                    ("_upsample_bicubic2d_aa", _upsample_bicubic2d_aa)]:
+for _name, _fwd in [
+    ("upsample_nearest1d", upsample_nearest1d),
+    ("upsample_nearest2d", upsample_nearest2d),
+    ("upsample_nearest3d", upsample_nearest3d),
+    ("_upsample_nearest_exact1d", _upsample_nearest_exact1d),
+    ("_upsample_nearest_exact2d", _upsample_nearest_exact2d),
+    ("_upsample_nearest_exact3d", _upsample_nearest_exact3d),
+    ("upsample_linear1d", upsample_linear1d),
+    ("upsample_bilinear2d", upsample_bilinear2d),
+    ("upsample_trilinear3d", upsample_trilinear3d),
+    ("upsample_bicubic2d", upsample_bicubic2d),
+    ("_upsample_bilinear2d_aa", _upsample_bilinear2d_aa),
+    ("_upsample_bicubic2d_aa", _upsample_bicubic2d_aa),
+]:
     register(getattr(aten, _name + "_backward").default)(_upsample_backward(_fwd))
-
 
 
 # ---- grid sampling ----------------------------------------------------------------------------
@@ -303,8 +307,10 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     frac = [c - f for c, f in zip(coords, lo)]
     corners = list(itertools.product((0, 1), repeat=len(coords)))
     taps = [jnp.stack([f + corner[ax] for corner in corners], axis=1) for ax, f in enumerate(lo)]
-    weights = jnp.stack([functools.reduce(jnp.multiply, [t if b else 1 - t for t, b in zip(frac, corner)])
-                         for corner in corners], axis=1)
+    weights = jnp.stack(
+        [functools.reduce(jnp.multiply, [t if b else 1 - t for t, b in zip(frac, corner)]) for corner in corners],
+        axis=1,
+    )
     return _weighted_taps(input, taps, weights).astype(input.dtype)
 
 
@@ -323,8 +329,10 @@ def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
     cx, cy = coeffs(ix - x0), coeffs(iy - y0)
     xs = [_pad_coord(x0 - 1 + i, W, padding_mode, align_corners) for i in range(4)]
     ys = [_pad_coord(y0 - 1 + j, H, padding_mode, align_corners) for j in range(4)]
-    taps = [jnp.stack([ys[j] for j in range(4) for i in range(4)], axis=1),
-            jnp.stack([xs[i] for j in range(4) for i in range(4)], axis=1)]
+    taps = [
+        jnp.stack([ys[j] for j in range(4) for i in range(4)], axis=1),
+        jnp.stack([xs[i] for j in range(4) for i in range(4)], axis=1),
+    ]
     weights = jnp.stack([cy[j] * cx[i] for j in range(4) for i in range(4)], axis=1)
     return _weighted_taps(input, taps, weights).astype(input.dtype)
 
@@ -354,8 +362,9 @@ def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners
 
 def _grid_sampler_backward(forward):
     def backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-        gi, gg = _vjp(lambda x, g: forward(x, g, interpolation_mode, padding_mode, align_corners),
-                      (input, grid), grad_output)
+        gi, gg = _vjp(
+            lambda x, g: forward(x, g, interpolation_mode, padding_mode, align_corners), (input, grid), grad_output
+        )
         return (gi if output_mask[0] else None, gg)
 
     return backward
@@ -397,7 +406,7 @@ def _fractional_max_pool(x, kernel_size, output_size, random_samples, sample_axe
         pos = starts[..., None] + jnp.arange(k[ax])  # (N, C, out[ax], k[ax])
         shape = [N, C] + [1] * (2 * n)
         shape[2 + ax], shape[2 + n + ax] = out[ax], k[ax]
-        stride = math.prod(S[ax + 1:])
+        stride = math.prod(S[ax + 1 :])
         idx = idx + (pos * stride).reshape(shape)
     idx = jnp.broadcast_to(idx, (N, C, *out, *k)).reshape(N, C, -1)
     vals = jnp.take_along_axis(x.reshape(N, C, -1), idx, axis=2).reshape(N, C, *out, -1)

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +100,9 @@ def view_dtype(a, dtype):
     else:
         r = ratio_den // ratio_num
         if src.ndim == 0 or src.shape[-1] % r:
-            raise RuntimeError(f"view(dtype): the last dim ({src.shape[-1] if src.ndim else 0}) must be a multiple of {r}")
+            raise RuntimeError(
+                f"view(dtype): the last dim ({src.shape[-1] if src.ndim else 0}) must be a multiple of {r}"
+            )
         out = lax.bitcast_convert_type(src.reshape(src.shape[:-1] + (src.shape[-1] // r, r)), want)
     return out.astype(np.bool_) if dtype == np.bool_ else out
 
@@ -114,7 +116,6 @@ def expand(a, size, implicit: bool = False):
         raise RuntimeError(f"expand: the number of sizes ({len(size)}) must be >= the number of dims ({a.ndim})")
     shape = [s for s in size[:lead]] + [a.shape[i] if s == -1 else s for i, s in enumerate(size[lead:])]
     return jnp.broadcast_to(a, tuple(shape))
-
 
 
 @register(aten.permute.default)
@@ -158,9 +159,6 @@ def squeeze(a, dim=None):
 def unsqueeze(a, dim):
     """`x.unsqueeze(-1)`."""
     return jnp.expand_dims(a, canon_dim(dim, a.ndim + 1))
-
-
-
 
 
 # ---- selecting parts --------------------------------------------------------------------------
@@ -242,11 +240,15 @@ def tensor_split_tensor(a, tensor_indices_or_sections, dim=0):
     """
     t = tensor_indices_or_sections
     if not jnp.issubdtype(t.dtype, jnp.integer):
-        raise RuntimeError("tensor_split expected tensor_indices_or_sections to have dtype of long, but got "
-                           f"{str(to_torch_dtype(t.dtype)).replace('torch.', '').capitalize()}")
+        raise RuntimeError(
+            "tensor_split expected tensor_indices_or_sections to have dtype of long, but got "
+            f"{str(to_torch_dtype(t.dtype)).replace('torch.', '').capitalize()}"
+        )
     if t.ndim > 1:
-        raise RuntimeError("tensor_split expected tensor_indices_or_sections to be a zero-dimensional or "
-                           f"one-dimensional tensor, but got a tensor with {t.ndim} dims")
+        raise RuntimeError(
+            "tensor_split expected tensor_indices_or_sections to be a zero-dimensional or "
+            f"one-dimensional tensor, but got a tensor with {t.ndim} dims"
+        )
     dim = canon_dim(dim, a.ndim)
     bounds = _tensor_split_bounds(a.shape[dim], _concrete_ints(t, "tensor_split"))
     return [slice_(a, dim, start, end) for start, end in bounds]
@@ -312,7 +314,7 @@ def unfold(a, dimension, size, step):
     dim = canon_dim(dimension, a.ndim)
     n = (a.shape[dim] - size) // step + 1
     idx = np.arange(n)[:, None] * step + np.arange(size)[None, :]
-    taken = jnp.take(a, idx.reshape(-1), axis=dim).reshape(a.shape[:dim] + (n, size) + a.shape[dim + 1:])
+    taken = jnp.take(a, idx.reshape(-1), axis=dim).reshape(a.shape[:dim] + (n, size) + a.shape[dim + 1 :])
     return jnp.moveaxis(taken, dim + 1, -1)
 
 
@@ -330,8 +332,10 @@ def as_strided(a, size, stride, storage_offset=None):
     """`x.as_strided(size, stride, offset)` over `x`'s elements in row-major order (a gather)."""
     idx = _strided_indices(size, stride, storage_offset)
     if idx.size and (idx.max() >= max(a.size, 1) or idx.min() < 0):
-        raise RuntimeError(f"as_strided: size {list(size)}, stride {list(stride)} and offset {storage_offset} "
-                           f"reach outside a tensor of {a.size} elements")
+        raise RuntimeError(
+            f"as_strided: size {list(size)}, stride {list(stride)} and offset {storage_offset} "
+            f"reach outside a tensor of {a.size} elements"
+        )
     return a.reshape(-1)[idx] if idx.size else jnp.zeros(tuple(size), a.dtype)
 
 
@@ -427,7 +431,7 @@ def chunk_cat(tensors, dim, num_chunks):
         pad = chunk * num_chunks - n
         if pad:
             t = jnp.pad(t, [(0, 0)] * d + [(0, pad)] + [(0, 0)] * (t.ndim - d - 1))
-        t = t.reshape(t.shape[:d] + (num_chunks, -1 if t.size else chunk * math.prod(t.shape[d + 1:])))
+        t = t.reshape(t.shape[:d] + (num_chunks, -1 if t.size else chunk * math.prod(t.shape[d + 1 :])))
         parts.append(t)
     return jnp.concatenate(parts, axis=d + 1)
 
@@ -441,7 +445,7 @@ def block_diag(tensors):
     out = jnp.zeros((rows, cols), mats[0].dtype)
     r = c = 0
     for m in mats:
-        out = out.at[r:r + m.shape[0], c:c + m.shape[1]].set(m)
+        out = out.at[r : r + m.shape[0], c : c + m.shape[1]].set(m)
         r, c = r + m.shape[0], c + m.shape[1]
     return out
 
@@ -570,10 +574,16 @@ def _pad_backward(mode: str):
     return backward
 
 
-register(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default,
-         aten.reflection_pad3d_backward.default)(_pad_backward("reflect"))
-register(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
-         aten.replication_pad3d_backward.default)(_pad_backward("edge"))
+register(
+    aten.reflection_pad1d_backward.default,
+    aten.reflection_pad2d_backward.default,
+    aten.reflection_pad3d_backward.default,
+)(_pad_backward("reflect"))
+register(
+    aten.replication_pad1d_backward.default,
+    aten.replication_pad2d_backward.default,
+    aten.replication_pad3d_backward.default,
+)(_pad_backward("edge"))
 
 
 @register(aten.unfold_backward.default)

@@ -49,6 +49,7 @@ def _along(a, dim: int, fn):
 @register(aten.sort.default, aten.sort.stable)
 def sort(a, dim=-1, descending=False, *, stable=None):
     """`torch.sort` -> (values, indices), stable, NaN largest."""
+
     def fn(x, axis):
         idx = stable_argsort(x, axis, descending)
         return jnp.take_along_axis(x, idx, axis=axis), idx
@@ -65,6 +66,7 @@ def argsort(a, dim=-1, descending=False, *, stable=None):
 @register(aten.topk.default)
 def topk(a, k, dim=-1, largest=True, sorted=True):
     """`torch.topk` -> (values, indices) of the `k` largest (or smallest), in sorted order."""
+
     def fn(x, axis):
         if not 0 <= k <= x.shape[axis]:
             raise RuntimeError("selected index k out of range")
@@ -85,7 +87,8 @@ def _search(seq, values, side: str, out_int32: bool):
             raise RuntimeError(
                 "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
                 f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
-                f"{list(seq.shape)} and input value tensor {list(values.shape)}")
+                f"{list(seq.shape)} and input value tensor {list(values.shape)}"
+            )
         rows = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))
         out = rows(seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1])).reshape(values.shape)
     return out.astype(jnp.int32 if out_int32 else canonical_int())
@@ -94,8 +97,9 @@ def _search(seq, values, side: str, out_int32: bool):
 def _side(right: bool, side) -> str:
     if side is not None:
         if right and side == "left":
-            raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of "
-                               "left while right was True")
+            raise RuntimeError(
+                "torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True"
+            )
         return side
     return "right" if right else "left"
 
@@ -113,8 +117,9 @@ def bucketize(values, boundaries, *, out_int32=False, right=False):
     """`torch.bucketize`: index of the bucket of each value; `right` makes buckets closed on the left."""
     if boundaries.ndim != 1:
         raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
-    return _search(boundaries, values if is_array(values) else jnp.asarray(values), "right" if right else "left",
-                   out_int32)
+    return _search(
+        boundaries, values if is_array(values) else jnp.asarray(values), "right" if right else "left", out_int32
+    )
 
 
 # ---- unique: eager only -------------------------------------------------------------------
@@ -126,8 +131,11 @@ def _unique_flat(a, return_inverse: bool, return_counts: bool):
     flat = a.reshape(-1)
     out, inverse, counts = jnp.unique(flat, return_inverse=True, return_counts=True, equal_nan=False)
     inverse = inverse.reshape(a.shape).astype(canonical_int())
-    return (out, inverse if return_inverse else _empty_long(),
-            counts.astype(canonical_int()) if return_counts else _empty_long())
+    return (
+        out,
+        inverse if return_inverse else _empty_long(),
+        counts.astype(canonical_int()) if return_counts else _empty_long(),
+    )
 
 
 @register(aten._unique2.default, data_dependent=True)
@@ -147,8 +155,11 @@ def unique_dim(a, dim, sorted=True, return_inverse=False, return_counts=False):
     """`torch.unique(x, dim=d)` -> (unique slices, inverse, counts) (eager only)."""
     d = canon_dim(dim, a.ndim)
     out, inverse, counts = jnp.unique(a, axis=d, return_inverse=True, return_counts=True)
-    return (out, inverse.reshape(-1).astype(canonical_int()),
-            counts.astype(canonical_int()) if return_counts else jnp.zeros((0,), canonical_int()))
+    return (
+        out,
+        inverse.reshape(-1).astype(canonical_int()),
+        counts.astype(canonical_int()) if return_counts else jnp.zeros((0,), canonical_int()),
+    )
 
 
 @register(aten.unique_consecutive.default, data_dependent=True)

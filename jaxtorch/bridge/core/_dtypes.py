@@ -54,8 +54,12 @@ _TORCH_TO_NP: dict[torch.dtype, np.dtype] = {
 }
 _NP_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_NP.items()}
 
-_NARROW = {np.dtype("int64"): np.dtype("int32"), np.dtype("uint64"): np.dtype("uint32"),
-           np.dtype("float64"): np.dtype("float32"), np.dtype("complex128"): np.dtype("complex64")}
+_NARROW = {
+    np.dtype("int64"): np.dtype("int32"),
+    np.dtype("uint64"): np.dtype("uint32"),
+    np.dtype("float64"): np.dtype("float32"),
+    np.dtype("complex128"): np.dtype("complex64"),
+}
 _WIDE_FLOAT = (np.dtype("float64"), np.dtype("complex128"))
 
 
@@ -64,7 +68,7 @@ def x64_enabled() -> bool:
     return bool(jax.config.read("jax_enable_x64"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _to_jax_dtype(dtype: torch.dtype, x64: bool) -> np.dtype:
     try:
         np_dtype = _TORCH_TO_NP[dtype]
@@ -91,7 +95,7 @@ def scalar_jax_dtype(dtype: torch.dtype) -> np.dtype:
     return to_jax_dtype(dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _to_torch_dtype(dtype: np.dtype, x64: bool) -> torch.dtype:
     if not x64 and dtype == np.dtype("int32"):
         return torch.int64

@@ -30,9 +30,20 @@ class UnsupportedOpError(JaxtorchError, NotImplementedError):
 
 
 # Frames that are machinery between the user's line and the op (jaxtorch, torch's dispatch, jax).
-_MACHINERY = (str(Path(__file__).resolve().parents[2]), "torch/_ops.py", "torch/overrides.py", "torch/_tensor.py",
-              "torch/utils/_python_dispatch.py", "torch/utils/_device.py", "torch/_prims_common", "/jax/",
-              "torch/_decomp", "torch/_refs", "torch/utils/_contextlib.py", "torch/nn/modules/module.py")
+_MACHINERY = (
+    str(Path(__file__).resolve().parents[2]),
+    "torch/_ops.py",
+    "torch/overrides.py",
+    "torch/_tensor.py",
+    "torch/utils/_python_dispatch.py",
+    "torch/utils/_device.py",
+    "torch/_prims_common",
+    "/jax/",
+    "torch/_decomp",
+    "torch/_refs",
+    "torch/utils/_contextlib.py",
+    "torch/nn/modules/module.py",
+)
 
 
 def source_line() -> str:
@@ -116,7 +127,7 @@ class StateWriteError(JaxtorchError):
     the tensor and the way out."""
 
     @classmethod
-    def cpu_write(cls, op, shape) -> "StateWriteError":
+    def cpu_write(cls, op, shape) -> StateWriteError:
         """The error for a write to a CPU tensor inside `call_torch` / `extract`'s `fn`."""
         name = getattr(op, "name", lambda: str(op))()
         return cls(

@@ -37,7 +37,8 @@ import dataclasses
 import pickle
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import torch
@@ -73,8 +74,14 @@ def _is_array(x) -> bool:
 
 
 # ---- registration -------------------------------------------------------------------------
-def register(cls: type, flatten: Callable, unflatten: Callable, flatten_with_keys: Callable | None = None,
-             *, torch_too: bool = True) -> None:
+def register(
+    cls: type,
+    flatten: Callable,
+    unflatten: Callable,
+    flatten_with_keys: Callable | None = None,
+    *,
+    torch_too: bool = True,
+) -> None:
     """Register `cls` with JAX's pytree registry and torch's, where it is not registered yet.
 
     **Arguments:**
@@ -104,8 +111,11 @@ def register(cls: type, flatten: Callable, unflatten: Callable, flatten_with_key
         if torch_too and cls not in torch_pytree.SUPPORTED_NODES:
             try:
                 torch_pytree.register_pytree_node(
-                    cls, lambda o: _as_list(flatten(o)), lambda children, aux: unflatten(aux, children),
-                    serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+                    cls,
+                    lambda o: _as_list(flatten(o)),
+                    lambda children, aux: unflatten(aux, children),
+                    serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+                )
             except (ValueError, TypeError):
                 pass
         _registered.add(cls)
@@ -252,6 +262,7 @@ def object_rebuild(cls: type, names, children, static: _Static):
     d.update(zip(names, children))
     if names:
         key = id(obj)
+
         def forget(_: object, key: int = key) -> None:
             _rebuilt.pop(key, None)
 
@@ -294,8 +305,11 @@ def register_object(cls: type) -> type:
     register(cls, flatten, unflatten, flatten_with_keys)
     try:  # `jax.export`ed functions taking or returning it serialize (the metadata is pickled)
         jax.export.register_pytree_node_serialization(
-            cls, serialized_name=f"{cls.__module__}.{cls.__qualname__}",
-            serialize_auxdata=pickle.dumps, deserialize_auxdata=pickle.loads)
+            cls,
+            serialized_name=f"{cls.__module__}.{cls.__qualname__}",
+            serialize_auxdata=pickle.dumps,
+            deserialize_auxdata=pickle.loads,
+        )
     except ValueError:  # already registered
         pass
     return cls

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
+from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
 from ._tensor import JaxTensor
 
 
