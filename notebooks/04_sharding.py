@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxtorch
 from jaxtorch.train import make_train_step, shard, shard_batch

@@ -85,7 +85,7 @@ print(xm.metrics_report())
 
 # %%
 xm.clear_metrics()
-for epoch in range(2):
+for _epoch in range(2):
     losses = train_epoch(data[:-1], log_every_step=False)  # drop_last: every batch has the same shape
 print(xm.metrics_report())
 print("last loss", losses[-1].item())
