@@ -21,7 +21,8 @@ keeps it on the CPU); `pack_padded_sequence` with traced lengths raises `DataDep
 
 When torch autograd records one of these ops on the `jax` device (PyTorch-first, a
 parameter requiring grad), the whole op runs as one node whose backward is `jax.vjp` of
-the same lowering (`registry.vjp_node`, i.e. `jaxtorch.call_jax`), so `loss.backward()` and `jaxtorch.jit` also see one scan.
+the same lowering (`registry.vjp_node`: `jaxtorch.call_jax`, installed from the tensor layer,
+so this module imports nothing above it), and `loss.backward()` and `jaxtorch.jit` also see one scan.
 
 The fused cell kernels themselves (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell` and
 their backward kernels) are lowered too, with torch's workspace layouts, for code that

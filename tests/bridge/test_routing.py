@@ -104,20 +104,23 @@ def test_routes_are_cached_until_the_registry_changes():
     assert route(aten.add.Tensor) is not r and route(aten.add.Tensor) == r
 
 
-@pytest.mark.parametrize("op,kind", [
-    (aten.add.Tensor, Kind.FUNCTIONAL),
-    (aten.add_.Tensor, Kind.VIA_SIBLING),
-    (aten.add.out, Kind.VIA_SIBLING),
-    (aten.index_put_.default, Kind.VIA_SIBLING),
-    (aten.transpose.int, Kind.VIEW),
-    (aten.bernoulli_.float, Kind.MUTATING),
-    (aten._to_copy.default, Kind.SPECIAL),
-    (aten._foreach_add_.List, Kind.FOREACH),
-    (aten._foreach_add.List_out, Kind.FOREACH_LOOP),
-    (aten.linear.out, Kind.SIBLING_DECOMPOSED),
-    (aten.__iand__.Tensor, Kind.DECOMPOSED),
-    (aten._add_relu.Tensor, Kind.UNSUPPORTED),
-])
+@pytest.mark.parametrize(
+    "op,kind",
+    [
+        (aten.add.Tensor, Kind.FUNCTIONAL),
+        (aten.add_.Tensor, Kind.VIA_SIBLING),
+        (aten.add.out, Kind.VIA_SIBLING),
+        (aten.index_put_.default, Kind.VIA_SIBLING),
+        (aten.transpose.int, Kind.VIEW),
+        (aten.bernoulli_.float, Kind.MUTATING),
+        (aten._to_copy.default, Kind.SPECIAL),
+        (aten._foreach_add_.List, Kind.FOREACH),
+        (aten._foreach_add.List_out, Kind.FOREACH_LOOP),
+        (aten.linear.out, Kind.SIBLING_DECOMPOSED),
+        (aten.__iand__.Tensor, Kind.DECOMPOSED),
+        (aten._add_relu.Tensor, Kind.UNSUPPORTED),
+    ],
+)
 def test_route_kinds(op, kind):
     r = route(op)
     assert r.kind is kind and r.op is op

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._decomp import decomposition_table
@@ -49,11 +50,19 @@ Mutated = tuple[tuple[int, str, bool], ...]
 
 # Ops the bridge itself implements (device moves, copies, scalars, aliasing); the
 # implementations live in `_interpreter._SPECIAL`, keyed by exactly these overloads.
-SPECIAL_OPS: frozenset = frozenset({
-    aten._to_copy.default, aten.copy_.default, aten._local_scalar_dense.default, aten.lift_fresh.default,
-    aten.lift_fresh_copy.default, aten.detach.default, aten.resize_.default, aten.resize.default,
-    aten.alias.default,
-})
+SPECIAL_OPS: frozenset = frozenset(
+    {
+        aten._to_copy.default,
+        aten.copy_.default,
+        aten._local_scalar_dense.default,
+        aten.lift_fresh.default,
+        aten.lift_fresh_copy.default,
+        aten.detach.default,
+        aten.resize_.default,
+        aten.resize.default,
+        aten.alias.default,
+    }
+)
 
 
 class Kind(enum.StrEnum):
@@ -183,7 +192,7 @@ def _sibling_or_none(op):
     """`functional_sibling(op)`, None for a schema it cannot read."""
     try:
         return functional_sibling(op)
-    except Exception:  # odd schemas: no functional sibling (none among torch's own ops)
+    except Exception:  # noqa: BLE001  (odd schemas: no functional sibling; none among torch's own ops)
         return None
 
 
@@ -266,4 +275,4 @@ def per_tensor_packet(op):
     **Example:** `per_tensor_packet(aten._foreach_sqrt.default)` is `aten.sqrt`.
     """
     name = op._schema.name.split("::")[1]
-    return getattr(aten, name[len("_foreach_"):], None)
+    return getattr(aten, name[len("_foreach_") :], None)
