@@ -1,7 +1,8 @@
 """Op coverage: which ATen ops jaxtorch lowers, which it runs through PyTorch's own
 decompositions, and which it cannot run.
 
-An op overload is, exactly as the interpreter (`jaxtorch.bridge.dispatch._interpreter`) decides:
+An op overload is, exactly as the interpreter decides (both read its route,
+`jaxtorch.bridge.dispatch._routing.route(op).kind`):
 - **lowered**: it has a registered lowering (`jaxtorch.ops.registry`), or it is an
   in-place / `out=` variant of a lowered functional op, or the bridge handles it itself
   (`_to_copy`, `copy_`, `detach`, ...);
@@ -44,13 +45,18 @@ with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
-from ..bridge.dispatch import _foreach
-from ..bridge.dispatch import _interpreter as _interp
+from ..bridge.dispatch._routing import SPECIAL_OPS, Kind, decomposition, mutated_args, route
 from ..bridge.core._dtypes import to_torch_dtype
 from ..ops import registry
 
 aten = torch.ops.aten
 LOWERED, DECOMPOSED, MISSING = "lowered", "decomposed", "missing"
+_VERDICT = {  # route kind -> what coverage calls it
+    Kind.SPECIAL: LOWERED, Kind.FOREACH: LOWERED, Kind.VIEW: LOWERED, Kind.MUTATING: LOWERED,
+    Kind.FUNCTIONAL: LOWERED, Kind.VIA_SIBLING: LOWERED,
+    Kind.DECOMPOSED: DECOMPOSED, Kind.FOREACH_LOOP: DECOMPOSED, Kind.SIBLING_DECOMPOSED: DECOMPOSED,
+    Kind.UNSUPPORTED: MISSING,
+}
 _BACKEND_WORDS = ("cudnn", "miopen", "mkldnn", "mps", "quantize", "quantized", "sparse", "nested", "fbgemm",
                   "cufft", "cudnn", "_cslt", "vulkan", "xnnpack", "onednn", "_efficientzerotensor",
                   "_test_", "_fused_moving_avg", "_sparse", "to_padded_tensor", "coalesce", "_mkl")
@@ -63,47 +69,27 @@ def _progress_shown(n: int) -> bool:
     return n >= _PROGRESS_MIN and (sys.stderr.isatty() or "ipykernel" in sys.modules)
 
 
-# ---- classification (mirrors interpreter._build_runner) ---------------------------------------
+# ---- classification (read from the routing table the interpreter builds from) -----------------
 def op_name(op: torch._ops.OpOverload) -> str:
     """`"aten::add.Tensor"`, `"aten::zeros.default"`: the overload's full name."""
     return f"{op._schema.name}.{op._overloadname}"
 
 
-def _sibling(op):
-    try:
-        return _interp._functional_sibling(op) if _interp._mutated_args(op) else None
-    except Exception:  # odd schemas: no functional sibling
-        return None
-
-
 def how(op: torch._ops.OpOverload) -> str:
-    """How jaxtorch runs `op`: `"lowered"`, `"decomposed"` or `"missing"`.
+    """How jaxtorch runs `op`: `"lowered"`, `"decomposed"` or `"missing"` (from its route's kind).
 
     **Example:** `how(torch.ops.aten.add_.Tensor)` is `"lowered"` (through `aten.add.Tensor`).
     """
-    if registry.lookup(op) is not None or op in _interp._SPECIAL:
-        return LOWERED
-    if op._schema.name.startswith("aten::_foreach_") and _foreach.lowering_for(op) is not None:
-        return LOWERED  # the per-element op's lowering over the lists, in one call
-    sib = _sibling(op)
-    if sib is not None and registry.lookup(sib) is not None:
-        return LOWERED
-    if _interp._decomposition(op) is not None:
-        return DECOMPOSED
-    if sib is not None and _interp._decomposition(sib) is not None:
-        return DECOMPOSED
-    if op._schema.name.startswith("aten::_foreach_") and _interp._foreach_runner(op) is not None:
-        return DECOMPOSED  # runs the per-tensor op over the lists
-    return MISSING
+    return _VERDICT[route(op).kind]
 
 
 def family(op: torch._ops.OpOverload) -> str:
     """The `jaxtorch.ops` module that lowers `op` (`"bridge"` for the bridge's own ops, `""` if none)."""
-    elem = _foreach.per_element(op) if op._schema.name.startswith("aten::_foreach_") else None
-    for cand in (op, _sibling(op), elem[0] if elem else None):
+    r = route(op)
+    for cand in (op, r.sibling, r.element):
         if cand is None:
             continue
-        if cand in _interp._SPECIAL:
+        if cand in SPECIAL_OPS:
             return "bridge"
         fn = registry.lookup(cand)
         if fn is not None:
@@ -193,7 +179,7 @@ def _registered_overloads() -> Iterable[torch._ops.OpOverload]:
         if isinstance(key, torch._ops.OpOverloadPacket):
             for ov in key.overloads():
                 op = getattr(key, ov)
-                if registry.lookup(op) is not None and not _interp._mutated_args(op):
+                if registry.lookup(op) is not None and not mutated_args(op):
                     yield op
         elif isinstance(key, torch._ops.OpOverload):
             yield key
@@ -290,22 +276,15 @@ def _run_recorded(model, args, kwargs, device: str, backward: bool) -> dict:
     return rec.calls
 
 
-def _decomposition_for(op):
-    d = _interp._decomposition(op)
-    if d is not None:
-        return d
-    sib = _sibling(op)
-    return None if sib is None else _interp._decomposition(sib)
-
-
 def _run_decomposition(op, args, kwargs) -> dict:
-    decomp = _decomposition_for(op)
-    if _interp._decomposition(op) is None:  # via the functional sibling: drop out= arguments
-        names = {m[1] for m in _interp._mutated_args(op)}
+    r = route(op)
+    decomp = r.decomposition
+    if decomp is None:  # via the functional sibling: drop out= arguments
+        decomp = decomposition(r.sibling) if r.sibling is not None else None
+        names = {m[1] for m in r.mutated}
         kwargs = {k: v for k, v in kwargs.items() if k not in names}
         if not op._schema.name.endswith("_"):
-            sib = _sibling(op)
-            n_pos = len([a for a in sib._schema.arguments if not a.kwarg_only])
+            n_pos = len([a for a in r.sibling._schema.arguments if not a.kwarg_only])
             args = args[:n_pos]
     rec = _Recorder()
     with rec:
@@ -331,8 +310,9 @@ class _Checker:
     def _problem(self, op, args, kwargs, depth: int) -> str | None:
         kind = how(op)
         if kind == LOWERED:
-            if self.jit and (registry.is_flagged(op, registry.DATA_DEPENDENT) or
-                             (_sibling(op) is not None and registry.is_flagged(_sibling(op), registry.DATA_DEPENDENT))):
+            r = route(op)
+            if self.jit and (r.data_dependent or (r.sibling is not None and
+                                                  registry.is_flagged(r.sibling, registry.DATA_DEPENDENT))):
                 return "output shape depends on data: runs eagerly, raises DataDependentError under jax.jit"
             return None
         if kind == MISSING:

@@ -17,8 +17,12 @@ Example:
 
 In-place (`add_`) and `out=` (`add.out`) overloads need no lowering of their own: the
 interpreter runs the functional overload and writes the result back (see
-`jaxtorch.bridge.dispatch._interpreter`). Keys may be an `OpOverload` (`aten.add.Tensor`), an
+`jaxtorch.bridge.dispatch._routing`). Keys may be an `OpOverload` (`aten.add.Tensor`), an
 `OpOverloadPacket` (`aten.add`, all overloads) or a custom op (`torch.ops.mylib.bar`).
+
+This module is the ground floor: it imports nothing from `jaxtorch.bridge`. The layers above
+that cache what they derived from the table (routes, runners, compiled programs) `subscribe`
+to it; `register`, `unregister` and `register_op` all `notify` them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,44 @@ RANDOM: set[Any] = set()
 # `batch_sizes`): the interpreter accepts plain CPU tensors there in the PyTorch-first mode too.
 HOST_INPUTS: set[Any] = set()
 _CACHE: dict[Any, Lowering | None] = {}
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def subscribe(listener: Callable[[], None]) -> Callable[[], None]:
+    """Call `listener()` after every change to the table (`register`, `unregister`, `notify`).
+
+    Layers above the registry forget what they cached from it this way (the routing table,
+    the interpreter's runners, the eager and lazy executors' compiled programs).
+
+    **Arguments:**
+    - `listener`: a function of no arguments; subscribing it twice has no further effect.
+
+    **Returns:** `listener`, so `subscribe` also works as a decorator.
+
+    **Example:** `registry.subscribe(_ROUTES.clear)`.
+    """
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
+    return listener
+
+
+def unsubscribe(listener: Callable[[], None]) -> None:
+    """Stop calling `listener` (no effect if it was not subscribed)."""
+    if listener in _LISTENERS:
+        _LISTENERS.remove(listener)
+
+
+def notify() -> None:
+    """Forget cached lookups and tell every subscriber that the table changed.
+
+    `register` and `unregister` call it; call it yourself after changing what routing reads
+    outside the registry (an entry of `torch._decomp.decomposition_table`).
+
+    **Example:** `decomposition_table[op] = my_decomp; registry.notify()`.
+    """
+    _CACHE.clear()
+    for listener in tuple(_LISTENERS):
+        listener()
 
 
 def register(*ops: OpKey, data_dependent: bool = False, random: bool = False,
@@ -67,7 +109,7 @@ def register(*ops: OpKey, data_dependent: bool = False, random: bool = False,
                 RANDOM.add(op)
             if host_inputs:
                 HOST_INPUTS.add(op)
-        _CACHE.clear()
+        notify()
         return fn
 
     return decorator
@@ -103,14 +145,15 @@ def unregister(op: OpKey) -> None:
     DATA_DEPENDENT.discard(op)
     RANDOM.discard(op)
     HOST_INPUTS.discard(op)
-    _CACHE.clear()
+    notify()
 
 
 def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, random: bool = False) -> Lowering:
     """Register (or override) the JAX lowering of a torch op, e.g. a `torch.library` custom op.
 
     `jax_impl` takes and returns JAX arrays, with the op's signature. It may be a
-    `jax.custom_vjp` function: `jax.grad` then uses its rule.
+    `jax.custom_vjp` function: `jax.grad` then uses its rule. Ops already dispatched use it
+    from their next call, eagerly and in lazy mode (as after `register`: see `notify`).
 
     **Example:**
         ```python
@@ -118,13 +161,7 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
         jaxtorch.register_op(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, my_attention)
         ```
     """
-    register(op, data_dependent=data_dependent, random=random)(jax_impl)
-    from ..bridge.core import _eager as eager
-    from ..bridge.dispatch import _interpreter as interpreter
-
-    interpreter.invalidate_cache()
-    eager.clear()
-    return jax_impl
+    return register(op, data_dependent=data_dependent, random=random)(jax_impl)
 
 
 _whole_lib = torch.library.Library("aten", "IMPL")
@@ -165,3 +202,30 @@ def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> N
 
     _whole_lib.impl(name, backend, "PrivateUse1")
     _whole_lib.impl(name, autograd, "AutogradPrivateUse1")
+
+
+# ---- one torch autograd node for a whole op (the runner is installed from the tensor layer) -----
+_VJP_NODE: list[Callable[..., Any]] = []
+
+
+def install_vjp_node(run: Callable[..., Any]) -> None:
+    """Install `run(fn, *args, **kwargs)`, which runs the JAX function `fn` on torch tensors as
+    one torch autograd node whose backward is `jax.vjp` of `fn` (`vjp_node` calls it).
+
+    The tensor layer installs `call_jax` when it is imported (`bridge/tensor/_autograd.py`), so
+    lowerings can name that node here without importing upward.
+    """
+    _VJP_NODE[:] = [run]
+
+
+def vjp_node(fn: Lowering, *args, **kwargs) -> Any:
+    """Run the JAX function `fn` (a lowering) on torch tensors as one torch autograd node.
+
+    For `keep_whole`'s `recorded`: what torch autograd records for a whole op, so its backward
+    is `jax.vjp` of the same lowering instead of torch's decomposition.
+
+    **Example:** `keep_whole(aten.gru_cell.default, lambda *a, **k: vjp_node(gru_cell, *a, **k))`.
+    """
+    if not _VJP_NODE:
+        raise RuntimeError("jaxtorch: no autograd node runner installed (import jaxtorch first)")
+    return _VJP_NODE[0](fn, *args, **kwargs)

@@ -21,7 +21,8 @@ keeps it on the CPU); `pack_padded_sequence` with traced lengths raises `DataDep
 
 When torch autograd records one of these ops on the `jax` device (PyTorch-first, a
 parameter requiring grad), the whole op runs as one node whose backward is `jax.vjp` of
-the same lowering (`call_jax`), so `loss.backward()` and `jaxtorch.jit` also see one scan.
+the same lowering (`registry.vjp_node`: `jaxtorch.call_jax`, installed from the tensor layer,
+so this module imports nothing above it), and `loss.backward()` and `jaxtorch.jit` also see one scan.
 
 The fused cell kernels themselves (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell` and
 their backward kernels) are lowered too, with torch's workspace layouts, for code that
@@ -46,7 +47,7 @@ import torch
 from jax import lax
 
 from ..bridge.core._random import next_key
-from .registry import keep_whole, register
+from .registry import keep_whole, register, vjp_node
 
 aten = torch.ops.aten
 Array = jax.Array
@@ -263,15 +264,13 @@ def _recorded(op, lowering: Callable, dropout_at: Optional[int] = None) -> Calla
     """What torch autograd records for `op`: one node, backward = `jax.vjp` of `lowering`."""
 
     def recorded(*args, **kwargs):
-        from ..bridge.tensor._autograd import call_jax
-
         if dropout_at is not None:  # the dropout key is drawn here, outside the differentiated function
             dropout, train, layers = args[dropout_at], args[dropout_at + 1], args[dropout_at - 1]
             kwargs = dict(kwargs, key=_key_for(op, dropout, train, layers, None))
         # a CPU `batch_sizes` is host metadata: concrete NumPy, not an input of the differentiated function
         args = [a.numpy() if type(a) is torch.Tensor and a.device.type == "cpu" and not a.is_floating_point() else a
                 for a in args]
-        return call_jax(lowering, *args, **kwargs)
+        return vjp_node(lowering, *args, **kwargs)
 
     return recorded
 

@@ -3,7 +3,8 @@
 Data flows one way: torch value -> `jax_view` -> JAX lowering -> `torch_view` -> torch
 value. `dispatch` is the single entry point, called by `JaxTensor.__torch_dispatch__`
 and by `JaxDispatchMode`. For each `OpOverload` it builds, once, a small runner that knows
-how the op treats its arguments (functional, view, in-place, `out=`), and caches it:
+how the op treats its arguments (functional, view, in-place, `out=`), and caches it. Which
+runner is decided by the op's route (`_routing.route`, the table `jaxtorch.coverage` reads too):
 
 1. a registered lowering (`jaxtorch.ops.registry`) runs on the unwrapped arguments;
 2. in-place (`add_`) and `out=` overloads run the functional overload and write back;
@@ -24,7 +25,6 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import torch
-from torch._decomp import decomposition_table
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -34,6 +34,8 @@ from ... import ops as _ops  # noqa: F401  (registers all lowerings)
 from ...ops import registry
 from ..core import _eager as eager, _lazy as lazy, _tracing as tracing
 from . import _foreach as foreach
+from ._routing import Kind, Route, route
+from ._routing import functional_sibling as _functional_sibling, mutated_args as _mutated_args
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._device import is_jax_device, jax_device_of
@@ -144,54 +146,6 @@ def _has_tracer(jargs) -> bool:
         if isinstance(a, (list, tuple)) and any(isinstance(b, _Tracer) for b in a):
             return True
     return False
-
-
-# ---- schema helpers -------------------------------------------------------------------------
-def _is_view_op(func) -> bool:
-    rets = func._schema.returns
-    if not rets:
-        return False
-    ai = rets[0].alias_info
-    return ai is not None and not ai.is_write
-
-
-def _mutated_args(func) -> list[tuple[int, str, bool]]:
-    """(position, name, kwarg_only) of every argument the op writes to."""
-    out = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
-            out.append((i, a.name, a.kwarg_only))
-    return out
-
-
-def _functional_sibling(func):
-    """`aten.add_.Tensor` -> `aten.add.Tensor`; `aten.add.out` -> `aten.add.Tensor`."""
-    schema = func._schema
-    mutated = {m[1] for m in _mutated_args(func)}
-    name = schema.name.split("::")[1]
-    ns = getattr(torch.ops, schema.name.split("::")[0])
-    if name.endswith("_") and not name.endswith("__"):
-        packet = getattr(ns, name[:-1], None)
-        if packet is None:
-            return None
-        overload = schema.overload_name or "default"
-        if overload in packet.overloads():
-            return getattr(packet, overload)
-        names = [a.name for a in schema.arguments]  # e.g. transpose_.default ~ transpose.int
-        for ov in packet.overloads():
-            cand = getattr(packet, ov)
-            if [a.name for a in cand._schema.arguments] == names:
-                return cand
-        return None
-    wanted = [a.name for a in schema.arguments if a.name not in mutated]
-    packet = func.overloadpacket
-    for ov in packet.overloads():
-        cand = getattr(packet, ov)
-        if cand is func or _mutated_args(cand):
-            continue
-        if [a.name for a in cand._schema.arguments] == wanted:
-            return cand
-    return None
 
 
 # ---- runners --------------------------------------------------------------------------------
@@ -403,15 +357,6 @@ def _make_decomp_runner(func, decomp):
     return run
 
 
-def _decomposition(func):
-    d = decomposition_table.get(func)
-    if d is not None:
-        return d
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-        return func.decompose
-    return None
-
-
 def _foreach_runner(func) -> Callable | None:
     """`_foreach_add_.List(xs, ys)` and friends: the per-tensor op over the lists."""
     name = func._schema.name.split("::")[1]
@@ -484,39 +429,37 @@ def _root(t):
 
 
 def _build_runner(func, lazy_mode: bool = False) -> Callable:
-    if func._schema.name.startswith("aten::_foreach_") and func not in _SPECIAL:
-        multi = foreach.lowering_for(func)
-        if multi is not None and registry.lookup(func) is None:
-            return _make_foreach_runner(func, multi, lazy_mode, _build_op_runner(func, lazy_mode))
-    return _build_op_runner(func, lazy_mode)
+    """The runner of `func`, as its route says (see `_routing`)."""
+    return _runner_for(route(func), lazy_mode)
 
 
-def _build_op_runner(func, lazy_mode: bool = False) -> Callable:
-    special = _SPECIAL.get(func)  # ops the bridge owns (device moves, copies, aliasing) come first
-    if special is not None:
-        return special
-    lowering = registry.lookup(func)
-    if lowering is not None:
-        if _is_view_op(func):
-            return _make_view_runner(func, lowering, lazy_mode)
-        mutated = _mutated_args(func)
-        if mutated:
-            return _make_mutating_runner(func, _make_functional_runner(func, lowering, lazy_mode), mutated)
-        return _make_functional_runner(func, lowering, lazy_mode)
-    mutated = _mutated_args(func)
-    sibling = _functional_sibling(func) if mutated else None
-    if sibling is not None and registry.lookup(sibling) is not None:
-        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated, lazy_mode), mutated)
-    decomp = _decomposition(func)
-    if decomp is not None:
-        return _make_decomp_runner(func, decomp)
-    if func._schema.name.startswith("aten::_foreach_"):
-        runner = _foreach_runner(func)
-        if runner is not None:
-            return runner
-    if sibling is not None and _decomposition(sibling) is not None:
-        return _make_mutating_runner(func, _sibling_compute(func, sibling, mutated, lazy_mode), mutated)
+def _runner_for(r: Route, lazy_mode: bool) -> Callable:
+    """The runner that carries out the route `r` (one builder per route kind).
 
+    Example: `_runner_for(route(aten.add_.Tensor), False)` runs `add.Tensor`'s runner, then writes back.
+    """
+    func = r.op
+    match r.kind:
+        case Kind.SPECIAL:
+            return _SPECIAL[func]
+        case Kind.FOREACH:
+            return _make_foreach_runner(func, r.multi, lazy_mode, _runner_for(r.fallback, lazy_mode))
+        case Kind.VIEW:
+            return _make_view_runner(func, r.lowering, lazy_mode)
+        case Kind.MUTATING:
+            return _make_mutating_runner(func, _make_functional_runner(func, r.lowering, lazy_mode), r.mutated)
+        case Kind.FUNCTIONAL:
+            return _make_functional_runner(func, r.lowering, lazy_mode)
+        case Kind.VIA_SIBLING | Kind.SIBLING_DECOMPOSED:
+            return _make_mutating_runner(func, _sibling_compute(func, r.sibling, r.mutated, lazy_mode), r.mutated)
+        case Kind.DECOMPOSED:
+            return _make_decomp_runner(func, r.decomposition)
+        case Kind.FOREACH_LOOP:
+            return _foreach_runner(func)
+    return _make_unsupported_runner(func)
+
+
+def _make_unsupported_runner(func) -> Callable:
     def unsupported(args, kwargs):
         raise UnsupportedOpError(func)
 
@@ -535,11 +478,22 @@ def _runner(func, lazy_mode: bool = False) -> Callable:
     return r
 
 
-def invalidate_cache() -> None:
-    """Forget built runners (after registering or overriding a lowering)."""
+def _forget_runners() -> None:
+    """Forget built runners: they hold the lowerings their routes named."""
     _RUNNERS.clear()
     _LAZY_RUNNERS.clear()
-    lazy.clear_cache()
+
+
+# Every registry change (register, unregister, register_op, notify) reaches each cache built from
+# lowerings: routes (`_routing`), runners (here), the executors' compiled programs.
+for _listener in (_forget_runners, eager.clear, lazy.clear_cache):
+    registry.subscribe(_listener)
+
+
+def invalidate_cache() -> None:
+    """Forget routes, runners and compiled programs (`registry.notify()`): after changing a
+    lowering or an entry of torch's `decomposition_table`."""
+    registry.notify()
 
 
 def _dispatch_lazy(func, args, kwargs):
@@ -646,7 +600,7 @@ def _alias_runner(args, kwargs):
     return make_view(x, x._raw(), None)
 
 
-_SPECIAL: dict[Any, Callable] = {
+_SPECIAL: dict[Any, Callable] = {  # keyed by exactly `_routing.SPECIAL_OPS`
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
