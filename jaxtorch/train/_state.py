@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import torch
 
-from ..bridge.api._jax_first import named_state
+from ..bridge.state._binding import named_state
 from ..bridge.state._layouts import conv_kernels, from_kernels
 from ..bridge.tensor._convert import array_to_torch
 from ..bridge.tensor._tensor import JaxTensor, write

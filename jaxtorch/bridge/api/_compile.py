@@ -7,7 +7,7 @@ the CPU) that runs the whole call as one `jax.jit` program; tensors come back as
 State semantics (what a compiled call reads and writes):
 
 - Every tensor reachable from the arguments, through lists, tuples, dicts, dataclasses,
-  `ModelOutput`s, Hugging Face caches and any registered pytree (`pytrees.py`), is a
+  `ModelOutput`s, Hugging Face caches and any registered pytree (`core/_pytrees.py`), is a
   program input (traced, never a baked-in constant). What the function writes in place
   (`cache.update`, `t.add_()`, `x[i] = v`), and new tensors it puts into those containers
   (a `DynamicCache` growing, a cache layer initializing itself), come out of the program
@@ -16,7 +16,7 @@ State semantics (what a compiled call reads and writes):
   `forward`, modules among the arguments or named in `state=`) are inputs too; buffers the
   call writes (BatchNorm statistics) are written back. Modules and optimizers passed to a
   compiled *function* are a train step's state: parameters, `.grad`s, optimizer state and
-  learning rates are threaded through (`torch_state.py`), so `loss.backward()` and
+  learning rates are threaded through (`state/_holders.py`), so `loss.backward()` and
   `opt.step()` happen inside the program.
 - Programs are cached by the arguments' structure, static values (non-tensor leaves) and
   tensor shapes/dtypes: one compilation per distinct signature, never per value.
@@ -25,9 +25,10 @@ State semantics (what a compiled call reads and writes):
   global), or a traced value stored on a module attribute that is not a parameter or
   buffer. No tracer ever stays in a tensor that outlives the trace.
 - Modules are left exactly as found (every submodule once, shared ones included): their
-  tensors are swapped in for the trace and put back, and Python attributes a forward
-  changes while tracing are restored (they are not state; such changes happen at trace
-  time only).
+  tensors are bound in for the trace and put back (one `state/_binding.Binding`), and
+  Python attributes a forward changes while tracing are restored (they are not state;
+  such changes happen at trace time only). A forward assigning a parameter or buffer
+  (`self.buf = new`, same shape) writes it.
 
 Random ops draw keys from the eager generator (`torch.manual_seed`) unless `rng=` is given.
 
@@ -68,8 +69,8 @@ from ..tensor import _tensor
 from ._jax_first import _module_lock, _run_torch
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..core._errors import StateWriteError
-from ..state._binding import Snapshot, named_state, swap_in
-from ..tensor._tensor import JaxTensor, write
+from ..state._binding import Binding, named_state
+from ..tensor._tensor import JaxTensor, root, root_data, was_written, write
 from ..state._holders import ArgState, Holders
 
 
@@ -120,21 +121,15 @@ class Compiled:
                 changed = {}
             else:
                 tstate = {k: JaxTensor(v) for k, v in state.items()}
-                names = {id(t): n for n, t in named_state(module).items()}
-                snap = Snapshot([module])
-                try:
-                    slots = swap_in(module, tstate, names)
-                    swapped = Snapshot([module])
+                with Binding([module]) as binding:
+                    binding.bind(module, tstate)
                     out = self._run(call if call is not None else module, key, args, kwargs, rng)
-                    for d, k, name in slots:  # `self.buf = new` inside the forward: a write too
-                        if d[k] is not tstate[name]:
-                            _rebound(tstate[name], d[k], name)
-                    leaked = swapped.leaks()
-                finally:
-                    snap.restore()
+                    for name, value in binding.rebound():  # `self.buf = new` inside the forward: a write too
+                        _rebound(tstate[name], value, name)
+                    leaked = binding.leaks()
                 if leaked:
                     raise StateWriteError(_leak_message(leaked))
-                changed = {k: t.elem for k, t in tstate.items() if t._jt_version}
+                changed = {k: t.elem for k, t in tstate.items() if was_written(t)}
             written, new, aux = argstate.outcome(args, kwargs, inputs)
             self._aux[key] = aux
             return out, changed, written, new
@@ -153,17 +148,11 @@ class Compiled:
         def traced(state, dyn: list, rng):
             self.compilations += 1  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
-            snap = holders.snapshot()
-            modules = Snapshot(holders.modules)
-            try:
-                holders.install(state, opt_statics, tracing=True)
+            with holders.bound(state, opt_statics) as binding:
                 out = self._run(target, random_key, args, kwargs, rng)
                 new_state, _ = holders.read()
                 self._aux[("holders", key)] = holders.state_statics()
-                leaked = modules.leaks()
-            finally:
-                holders.restore(snap)
-                modules.restore()
+                leaked = binding.leaks()
             if leaked:
                 raise StateWriteError(_leak_message(leaked))
             new_state.lrs = [[None] * len(per) for per in new_state.lrs]  # inputs only
@@ -217,7 +206,7 @@ class Compiled:
                 pkey = (key, tuple(id(o) for o in objects), signature)
                 prog = self._step_program(pkey, argstate, holders, opt_statics, random_key=key)
                 out, new_state, written, new = prog(state, dyn, rng)
-                holders.install(new_state, self._aux[("holders", pkey)], tracing=False)
+                holders.install(new_state, self._aux[("holders", pkey)])
                 argstate.write_back(args, kwargs, self._aux[pkey], written, new)
             finally:
                 for lock in reversed(locks):
@@ -267,10 +256,8 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return
-    if isinstance(t, JaxTensor):
-        root = t._jt_base if t._jt_base is not None else t
-        if isinstance(root._jt_elem, jax.core.Tracer):
-            return  # program state (an argument, a module's tensor) or made inside the program
+    if isinstance(t, JaxTensor) and isinstance(root_data(t), jax.core.Tracer):
+        return  # program state (an argument, a module's tensor) or made inside the program
     raise StateWriteError(
         f"jaxtorch.compile: the function writes in place into {_describe(t, stack[-1])}, which is not "
         "program state: it is reached from outside the function's arguments (a closure or a global), so the "
@@ -304,12 +291,12 @@ def _filled(cell) -> bool:
 
 
 def _find(t, value, name: str) -> str | None:
-    roots = {id(t), id(t._jt_base) if isinstance(t, JaxTensor) and t._jt_base is not None else id(t)}
+    roots = {id(t), id(root(t)) if isinstance(t, JaxTensor) else id(t)}
     if isinstance(value, torch.Tensor):
         return name if id(value) in roots else None
     if isinstance(value, torch.nn.Module):
         for n, x in [*value.named_parameters(remove_duplicate=False), *value.named_buffers(remove_duplicate=False)]:
-            if id(x) in roots or (isinstance(x, JaxTensor) and id(x._jt_base) in roots):
+            if id(x) in roots or (isinstance(x, JaxTensor) and id(root(x)) in roots):
                 return f"{name}.{n}"
         return None
     if isinstance(value, (list, tuple, dict)) or hasattr(value, "__dict__"):

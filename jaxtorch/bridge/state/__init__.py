@@ -1,5 +1,15 @@
 """Layer 4 of the bridge: module state.
 
-Binding other tensors into a torch module by identity and restoring it as found, the
-holders of a compiled train step's state, convolution layouts, named scopes and mesh axes.
+One mechanism binds other values into torch modules and restores them as found
+(`_binding.Binding`: snapshot, bind by identity, restore); on it sit the holders of a
+compiled train step's state, the mesh-axes region, and the entry points above. Also here:
+moving modules across the jax device keeping their Parameter objects (`_moves`),
+convolution layouts and named scopes.
+
+Importing this layer installs the module moves (`Module.to("jax")`, `.cpu()`, `.to_empty`),
+so `import jaxtorch` does.
 """
+
+from ._moves import install_module_moves
+
+install_module_moves()

@@ -8,9 +8,10 @@ and outputs:
 
 - `Holders.read()` reads the current values into a `State` (a pytree of JAX arrays) and
   its static signature (which grads exist, which optimizer state is set, hyperparameters);
-- `Holders.install(state)` puts values (tracers, while tracing) into the objects;
-- after the step has run, `read()` again gives the new values, `restore` puts the
-  originals back, and `install` of the program's results makes the update real.
+- `with holders.bound(state, statics)` puts values (tracers, while tracing) into the
+  objects, the module state through one `Binding` (`_binding.py`); after the step has
+  run, `read()` again gives the new values, leaving the block puts the originals back,
+  and `install` of the program's results makes the update real.
 
 Optimizers run in their `capturable` form while traced (no `.item()` on the step
 counter), and Adam/AdamW get their learning rate as a traced scalar, so an LR scheduler
@@ -26,7 +27,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -35,7 +38,8 @@ import torch
 
 from ..core import _pytrees as pytrees
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, write
+from ..tensor._tensor import JaxTensor, root, was_written, write
+from ._binding import Binding
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
 _TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
@@ -111,8 +115,8 @@ class Holders:
         # hold the data, so they are the state; the views replay from them.
         roots: dict[int, JaxTensor] = {}
         for _, t in found.values():
-            root = t._jt_base if t._jt_base is not None else t
-            roots.setdefault(id(root), root)
+            r = root(t)
+            roots.setdefault(id(r), r)
         params = [t for _, t in found.values() if t.requires_grad]
         return cls(modules, optimizers, list(roots.values()), params)
 
@@ -147,18 +151,35 @@ class Holders:
                      tuple(m.training for m in self.modules))
         return state, signature
 
-    def snapshot(self) -> Any:
-        """The objects' current contents, for `restore` (nothing is copied)."""
-        return ([t._jt_elem for t in self.tensors], [p.grad for p in self.params],
-                [dict(opt.state) for opt in self.optimizers],
-                [[dict(g) for g in opt.param_groups] for opt in self.optimizers])
+    @contextlib.contextmanager
+    def bound(self, state: State, statics: Any) -> Iterator[Binding]:
+        """Inside, the objects hold `state`'s values (tracers: this is for tracing a step); on
+        exit they hold what they held before, whatever the step did.
 
-    def restore(self, snap) -> None:
-        """Put back what `snapshot` saw (after tracing, so no tracer stays behind)."""
-        elems, grads, states, groups = snap
-        for t, e in zip(self.tensors, elems):
-            t._jt_elem = e
-            t._jt_version += 1
+        The modules and the tensors' roots go through one `Binding` (snapshot, bind, restore;
+        ask it for `leaks()` before leaving); `.grad` slots and optimizer state are put back
+        here. Optimizers are switched to their capturable code path, and traced learning
+        rates are installed as tensors.
+
+        **Example:**
+            ```python
+            with holders.bound(state, statics) as binding:
+                step()
+                new_state, _ = holders.read()
+            ```
+        """
+        saved = ([p.grad for p in self.params], [dict(opt.state) for opt in self.optimizers],
+                 [[dict(g) for g in opt.param_groups] for opt in self.optimizers])
+        with Binding(self.modules, self.tensors) as binding:
+            try:
+                binding.bind_data(state.tensors)
+                self._install_rest(state, statics, tracing=True)
+                yield binding
+            finally:
+                self._put_back(*saved)
+
+    def _put_back(self, grads: list, states: list, groups: list) -> None:
+        """Give the `.grad` slots and optimizers back what `bound` found (the same objects)."""
         for p, g in zip(self.params, grads):
             p.grad = g
         for opt, st, gs in zip(self.optimizers, states, groups):
@@ -168,15 +189,20 @@ class Holders:
                 group.clear()
                 group.update(saved)
 
-    def install(self, state: State, statics: Any, *, tracing: bool) -> None:
-        """Put `state`'s values into the objects (non-tensor optimizer state from `statics`).
+    def install(self, state: State, statics: Any) -> None:
+        """Write a step's results into the objects for good (non-tensor optimizer state from
+        `statics`); hyperparameters are left alone."""
+        for t, value in zip(self.tensors, state.tensors):
+            if value is not None:  # None: not written by the step
+                write(t, value)
+        self._install_rest(state, statics, tracing=False)
+
+    def _install_rest(self, state: State, statics: Any, *, tracing: bool) -> None:
+        """Put `state`'s grads and optimizer state into the objects (`install` and `bound`).
 
         While tracing, optimizers are switched to their capturable code path and traced
         learning rates are installed as tensors; otherwise hyperparameters are left alone.
         """
-        for t, value in zip(self.tensors, state.tensors):
-            if value is not None:  # None: not written by the step
-                write(t, value)
         for p, g in zip(self.params, state.grads):
             p.grad = None if g is None else JaxTensor(g)
         opt_statics = iter(statics or [])
@@ -284,7 +310,7 @@ class ArgState:
 
     def outcome(self, args, kwargs, inputs) -> tuple[list, list, Any]:
         """After the traced call: (written values, new leaves' values, aux for `write_back`)."""
-        written = [j for j, t in enumerate(inputs) if t._jt_version != 0]
+        written = [j for j, t in enumerate(inputs) if was_written(t)]
         for j in written:
             if not isinstance(self.tensors[j], torch.Tensor):
                 raise TypeError("jaxtorch.compile: the function writes in place into an argument that is a "

@@ -33,7 +33,8 @@ import jax
 import torch
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from ..tensor._tensor import JaxTensor
+from ..tensor._tensor import JaxTensor, root, root_data
+from ._binding import Binding
 
 
 def _explicit(x) -> NamedSharding | None:
@@ -65,9 +66,9 @@ def _roots(tree) -> list[JaxTensor]:
     seen: dict[int, JaxTensor] = {}
     for leaf in _tensors(tree):
         if isinstance(leaf, JaxTensor):
-            root = leaf if leaf._jt_base is None else leaf._jt_base
-            if id(root) not in seen and _explicit(root._jt_elem) is not None:
-                seen[id(root)] = root
+            r = root(leaf)
+            if id(r) not in seen and _explicit(root_data(r)) is not None:
+                seen[id(r)] = r
     return list(seen.values())
 
 
@@ -80,11 +81,6 @@ def _batch_axes(tree) -> dict[int, Any]:
         if sharding is not None and elem.ndim and len(sharding.spec) and sharding.spec[0] is not None:
             axes.setdefault(elem.shape[0], sharding.spec[0])
     return axes
-
-
-def _set(t: JaxTensor, value) -> None:
-    t._jt_elem = value
-    t._jt_version += 1  # views of `t` replay on the new array
 
 
 class _Region:
@@ -136,27 +132,25 @@ def auto_axes(tree, data=None) -> Iterator[_Region]:
     if not roots:
         yield _Region(None, {})
         return
-    types = {id(t): _explicit(t._jt_elem) for t in roots}
+    types = {id(t): _explicit(root_data(t)) for t in roots}
     mesh = next(iter(types.values())).mesh
     for s in types.values():
         if s.mesh != mesh:
             raise ValueError(f"jaxtorch: the arguments lie on different meshes: {mesh} and {s.mesh}; "
                              "place them on one (jaxtorch.train.shard / jax.device_put)")
-    concrete = next((t._jt_elem.sharding.mesh for t in roots if isinstance(t._jt_elem, jax.Array)
-                     and not isinstance(t._jt_elem, jax.core.Tracer)), None)
+    concrete = next((root_data(t).sharding.mesh for t in roots if isinstance(root_data(t), jax.Array)
+                     and not isinstance(root_data(t), jax.core.Tracer)), None)
     target = concrete if concrete is not None else mesh
     region = _Region(target, _batch_axes(tree if data is None else data))
     auto = mesh.update_axis_types({a: AxisType.Auto for a in mesh.explicit_axes})
+    binding = Binding(tensors=roots)  # the roots get Auto-typed arrays, then their own sharding back
     with jax.sharding.use_abstract_mesh(auto):
-        for t in roots:
-            _set(t, jax.sharding.reshard(t._jt_elem, PartitionSpec()))
+        binding.bind_data([jax.sharding.reshard(root_data(t), PartitionSpec()) for t in binding.roots])
     try:
         with jax.sharding.use_abstract_mesh(auto):
             yield region
     finally:
-        for t in roots:
-            s = types[id(t)]
-            _set(t, jax.sharding.reshard(t._jt_elem, NamedSharding(target, s.spec)))
+        binding.carry(lambda t, value: jax.sharding.reshard(value, NamedSharding(target, types[id(t)].spec)))
 
 
 __all__ = ["auto_axes"]

@@ -28,7 +28,7 @@ import jax
 import torch
 from jax._src import core as _core
 
-from ..tensor._tensor import JaxTensor
+from ..tensor._tensor import JaxTensor, root, root_data, set_same_data
 
 _names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 _blocks: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -86,10 +86,10 @@ def _barrier_outputs(output) -> None:
     if jax.default_backend() != "cpu":
         return
     for t in output if isinstance(output, (tuple, list)) else (output,):
-        if type(t) is JaxTensor and t._jt_base is None and t.dtype.is_floating_point:
-            e = t._jt_elem
+        if type(t) is JaxTensor and root(t) is t and t.dtype.is_floating_point:
+            e = root_data(t)
             if isinstance(e, _core.Tracer):
-                t._jt_elem = gradient_barrier(e)
+                set_same_data(t, gradient_barrier(e))
 
 
 def _pre(module, args):

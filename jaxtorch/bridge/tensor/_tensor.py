@@ -462,6 +462,15 @@ def set_root_data(t: JaxTensor, value: Any) -> None:
         _lazy.track(r)
 
 
+def set_same_data(t: JaxTensor, value: Any) -> None:
+    """Give the root `t` an array holding the values it holds now (a traced identity, such as a
+    gradient barrier): not a write, so nothing counts it as written and views taken before stay valid.
+
+    Example: `set_same_data(t, gradient_barrier(root_data(t)))`.
+    """
+    t._jt_elem = value
+
+
 def was_written(t: JaxTensor) -> bool:
     """Whether the root of `t` was written (or rebound) since it was made."""
     return root(t)._jt_version != 0
