@@ -21,15 +21,11 @@ class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the
 `coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
 """
 
-from .bridge.api._jax_first import TorchModule, call_torch, extract, torch_module_to_jax
+from . import coverage, generation, train, xla  # the public submodules
 from .bridge.api._compile import Compiled, compile, jit
 from .bridge.api._export import export
-from .bridge.tensor._autograd import call_jax, jax_function_to_torch
+from .bridge.api._jax_first import TorchModule, call_torch, extract, torch_module_to_jax
 from .bridge.api._jax_module import JaxModule
-from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
-from .bridge.core._pytrees import register_object
-from .bridge.dispatch._environment import default_env, disable_globally, enable_globally
-from .bridge.core._lazy import lazy, sync
 from .bridge.core._errors import (
     DataDependentError,
     DeviceMismatchError,
@@ -39,11 +35,15 @@ from .bridge.core._errors import (
     StateWriteError,
     UnsupportedOpError,
 )
+from .bridge.core._lazy import lazy, sync
+from .bridge.core._pytrees import register_object
 from .bridge.core._random import manual_seed
+from .bridge.dispatch._environment import default_env, disable_globally, enable_globally
+from .bridge.tensor._autograd import call_jax, jax_function_to_torch
+from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.tensor._tensor import JaxTensor
 from .ops.registry import register_op
 from .train import load_checkpoint, load_into, save_checkpoint
-from . import coverage, generation, train, xla  # noqa: E402  (submodules: jaxtorch.train.make_train_step, ...)
 
 __version__ = "0.1.0"
 
@@ -82,4 +82,9 @@ __all__ = [
     "MissingKeyError",
     "StateWriteError",
     "UnsupportedOpError",
+    # public submodules
+    "coverage",
+    "generation",
+    "train",
+    "xla",
 ]

@@ -35,31 +35,59 @@ import argparse
 import collections
 import dataclasses
 import sys
-from typing import Any, Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-import warnings
 
 with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is missing; it falls back fine
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
-from ..bridge.dispatch._routing import SPECIAL_OPS, Kind, decomposition, mutated_args, route
 from ..bridge.core._dtypes import to_torch_dtype
+from ..bridge.dispatch._routing import SPECIAL_OPS, Kind, decomposition, mutated_args, route
 from ..ops import registry
 
 aten = torch.ops.aten
 LOWERED, DECOMPOSED, MISSING = "lowered", "decomposed", "missing"
 _VERDICT = {  # route kind -> what coverage calls it
-    Kind.SPECIAL: LOWERED, Kind.FOREACH: LOWERED, Kind.VIEW: LOWERED, Kind.MUTATING: LOWERED,
-    Kind.FUNCTIONAL: LOWERED, Kind.VIA_SIBLING: LOWERED,
-    Kind.DECOMPOSED: DECOMPOSED, Kind.FOREACH_LOOP: DECOMPOSED, Kind.SIBLING_DECOMPOSED: DECOMPOSED,
+    Kind.SPECIAL: LOWERED,
+    Kind.FOREACH: LOWERED,
+    Kind.VIEW: LOWERED,
+    Kind.MUTATING: LOWERED,
+    Kind.FUNCTIONAL: LOWERED,
+    Kind.VIA_SIBLING: LOWERED,
+    Kind.DECOMPOSED: DECOMPOSED,
+    Kind.FOREACH_LOOP: DECOMPOSED,
+    Kind.SIBLING_DECOMPOSED: DECOMPOSED,
     Kind.UNSUPPORTED: MISSING,
 }
-_BACKEND_WORDS = ("cudnn", "miopen", "mkldnn", "mps", "quantize", "quantized", "sparse", "nested", "fbgemm",
-                  "cufft", "cudnn", "_cslt", "vulkan", "xnnpack", "onednn", "_efficientzerotensor",
-                  "_test_", "_fused_moving_avg", "_sparse", "to_padded_tensor", "coalesce", "_mkl")
+_BACKEND_WORDS = (
+    "cudnn",
+    "miopen",
+    "mkldnn",
+    "mps",
+    "quantize",
+    "quantized",
+    "sparse",
+    "nested",
+    "fbgemm",
+    "cufft",
+    "cudnn",
+    "_cslt",
+    "vulkan",
+    "xnnpack",
+    "onednn",
+    "_efficientzerotensor",
+    "_test_",
+    "_fused_moving_avg",
+    "_sparse",
+    "to_padded_tensor",
+    "coalesce",
+    "_mkl",
+)
 _PROGRESS_MIN = 64  # show a progress bar from this many ops on
 
 
@@ -146,7 +174,7 @@ def universe(kind: str = "core") -> list[torch._ops.OpOverload]:
 class Report:
     """What `report` measured: per-family lowering counts and the universe's split."""
 
-    families: dict[str, int]          # jaxtorch.ops module -> number of lowered overloads (all registered)
+    families: dict[str, int]  # jaxtorch.ops module -> number of lowered overloads (all registered)
     universe: str
     lowered: list[str]
     decomposed: list[str]
@@ -154,7 +182,9 @@ class Report:
 
     def format(self, list_decomposed: bool = False, list_missing: bool = True) -> str:
         total = len(self.lowered) + len(self.decomposed) + len(self.missing)
-        lines = ["Lowerings registered, by family (ATen overloads; in-place/out= variants derived from them not counted):"]
+        lines = [
+            "Lowerings registered, by family (ATen overloads; in-place/out= variants derived from them not counted):"
+        ]
         for fam, n in sorted(self.families.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"  {fam:<14} {n:5d}")
         lines.append(f"  {'total':<14} {sum(self.families.values()):5d}")
@@ -262,6 +292,7 @@ def _run_recorded(model, args, kwargs, device: str, backward: bool) -> dict:
         def call():
             return torch.func.functional_call(model, state, tuple(args), kwargs, tie_weights=True, strict=False)
     else:
+
         def call():
             return model(*args, **kwargs)
 
@@ -269,8 +300,9 @@ def _run_recorded(model, args, kwargs, device: str, backward: bool) -> dict:
     with torch.set_grad_enabled(backward), rec:
         out = call()
         if backward:
-            leaves = [t for t in torch.utils._pytree.tree_leaves(out)
-                      if isinstance(t, torch.Tensor) and t.requires_grad]
+            leaves = [
+                t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad
+            ]
             if leaves:
                 torch.autograd.backward([t.sum() for t in leaves])
     return rec.calls
@@ -311,8 +343,9 @@ class _Checker:
         kind = how(op)
         if kind == LOWERED:
             r = route(op)
-            if self.jit and (r.data_dependent or (r.sibling is not None and
-                                                  registry.is_flagged(r.sibling, registry.DATA_DEPENDENT))):
+            if self.jit and (
+                r.data_dependent or (r.sibling is not None and registry.is_flagged(r.sibling, registry.DATA_DEPENDENT))
+            ):
                 return "output shape depends on data: runs eagerly, raises DataDependentError under jax.jit"
             return None
         if kind == MISSING:
@@ -372,11 +405,16 @@ def check(model, *example_args, backward: bool = False, jit: bool = False, **kwa
 
 # ---- command line -------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jaxtorch.coverage", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--universe", choices=("core", "all"), default="core",
-                    help="core: core-tagged ATen ops + core_aten_decompositions() keys (default); all: every "
-                         "aten overload except backend-specific ones")
+    ap = argparse.ArgumentParser(
+        prog="python -m jaxtorch.coverage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--universe",
+        choices=("core", "all"),
+        default="core",
+        help="core: core-tagged ATen ops + core_aten_decompositions() keys (default); all: every "
+        "aten overload except backend-specific ones",
+    )
     ap.add_argument("--list-decomposed", action="store_true", help="list ops covered only via decompositions")
     ap.add_argument("--no-list-missing", action="store_true", help="print counts only")
     ap.add_argument("--family", default=None, help="list the overloads lowered by this jaxtorch.ops module")
@@ -388,4 +426,3 @@ def main(argv: list[str] | None = None) -> int:
     rep = report(ns.universe)
     print(rep.format(list_decomposed=ns.list_decomposed, list_missing=not ns.no_list_missing))
     return 0
-

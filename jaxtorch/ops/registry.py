@@ -27,11 +27,12 @@ to it; `register`, `unregister` and `register_op` all `notify` them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-OpKey = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket]
+OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
 Lowering = Callable[..., Any]
 
 _LOWERINGS: dict[Any, Lowering] = {}
@@ -83,8 +84,9 @@ def notify() -> None:
         listener()
 
 
-def register(*ops: OpKey, data_dependent: bool = False, random: bool = False,
-             host_inputs: bool = False) -> Callable[[Lowering], Lowering]:
+def register(
+    *ops: OpKey, data_dependent: bool = False, random: bool = False, host_inputs: bool = False
+) -> Callable[[Lowering], Lowering]:
     """Register `fn` as the JAX lowering of each op in `ops`.
 
     **Arguments:**

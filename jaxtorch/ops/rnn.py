@@ -38,7 +38,8 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,12 +60,12 @@ class Weights(NamedTuple):
 
     w_ih: Array
     w_hh: Array
-    b_ih: Optional[Array] = None
-    b_hh: Optional[Array] = None
-    w_hr: Optional[Array] = None
+    b_ih: Array | None = None
+    b_hh: Array | None = None
+    w_hr: Array | None = None
 
 
-def _linear(x: Array, w: Array, b: Optional[Array]) -> Array:
+def _linear(x: Array, w: Array, b: Array | None) -> Array:
     y = jnp.matmul(x, w.T)
     return y if b is None else y + b
 
@@ -106,12 +107,11 @@ def _gru_step(xw: Array, h: Array, w: Weights) -> tuple[Array, Array]:
     return h, h
 
 
-_STEPS = {"lstm": _lstm_step, "gru": _gru_step, "rnn_tanh": _rnn_step(jnp.tanh),
-          "rnn_relu": _rnn_step(jax.nn.relu)}
+_STEPS = {"lstm": _lstm_step, "gru": _gru_step, "rnn_tanh": _rnn_step(jnp.tanh), "rnn_relu": _rnn_step(jax.nn.relu)}
 
 
 # ---- one layer and direction: a lax.scan ---------------------------------------------------
-def _scan_layer(mode: str, x: Array, carry, w: Weights, mask: Optional[Array], reverse: bool):
+def _scan_layer(mode: str, x: Array, carry, w: Weights, mask: Array | None, reverse: bool):
     """Run one direction of one layer over `x` (T, B, F) from `carry`; (outputs (T, B, H), carry).
 
     With `mask` (T, B) a padded position keeps the carry and outputs zeros.
@@ -137,7 +137,7 @@ def _group(params: Sequence[Array], has_biases: bool, has_proj: bool) -> list[We
     size = 2 + 2 * has_biases + has_proj
     groups = []
     for k in range(0, len(params), size):
-        p = list(params[k:k + size])
+        p = list(params[k : k + size])
         w_ih, w_hh = p[0], p[1]
         b_ih, b_hh = (p[2], p[3]) if has_biases else (None, None)
         groups.append(Weights(w_ih, w_hh, b_ih, b_hh, p[-1] if has_proj else None))
@@ -151,8 +151,19 @@ def _dropout(x: Array, p: float, key) -> Array:
     return jnp.where(keep, x / (1.0 - p), 0).astype(x.dtype)
 
 
-def run_layers(mode: str, x: Array, h0, params: Sequence[Array], has_biases: bool, num_layers: int,
-               dropout: float, train: bool, bidirectional: bool, mask: Optional[Array] = None, key=None):
+def run_layers(
+    mode: str,
+    x: Array,
+    h0,
+    params: Sequence[Array],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    mask: Array | None = None,
+    key=None,
+):
     """The stacked, possibly bidirectional recurrent network over `x` (T, B, F).
 
     **Arguments:**
@@ -196,8 +207,10 @@ class _TracedSizes(jax.errors.ConcretizationTypeError):
     eager call then runs unjitted, and under `jax.jit` the interpreter raises `DataDependentError`."""
 
     def __str__(self) -> str:
-        return ("the lengths / batch sizes of a PackedSequence are traced here; torch keeps them on the CPU: "
-                "pack with lengths given as a CPU tensor or a constant, not as an input of the jitted function")
+        return (
+            "the lengths / batch sizes of a PackedSequence are traced here; torch keeps them on the CPU: "
+            "pack with lengths given as a CPU tensor or a constant, not as an input of the jitted function"
+        )
 
 
 def _concrete_sizes(sizes) -> np.ndarray:
@@ -208,7 +221,7 @@ def _concrete_sizes(sizes) -> np.ndarray:
 
 def _packed_layout(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(row of each padded (t, b) in the packed data, N for padding; mask (T, B))."""
-    T, B = len(sizes), int(sizes[0])
+    B = int(sizes[0])
     mask = np.arange(B)[None, :] < sizes[:, None]
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rows = np.where(mask, offsets[:, None] + np.arange(B)[None, :], int(sizes.sum()))
@@ -250,8 +263,19 @@ def _sequence_lowerings(mode: str):
         key = _key_for(packet.data, dropout, train, num_layers, key)
         rows, mask = _packed_layout(_concrete_sizes(batch_sizes))
         h0 = tuple(hx) if lstm else hx
-        out, hn = run_layers(mode, _unpack(data, rows), h0, params, has_biases, num_layers, dropout, train,
-                             bidirectional, mask=jnp.asarray(mask), key=key)
+        out, hn = run_layers(
+            mode,
+            _unpack(data, rows),
+            h0,
+            params,
+            has_biases,
+            num_layers,
+            dropout,
+            train,
+            bidirectional,
+            mask=jnp.asarray(mask),
+            key=key,
+        )
         out = _repack(out, mask)
         return (out, *hn) if lstm else (out, hn)
 
@@ -260,7 +284,7 @@ def _sequence_lowerings(mode: str):
     return on_input, on_data
 
 
-def _recorded(op, lowering: Callable, dropout_at: Optional[int] = None) -> Callable:
+def _recorded(op, lowering: Callable, dropout_at: int | None = None) -> Callable:
     """What torch autograd records for `op`: one node, backward = `jax.vjp` of `lowering`."""
 
     def recorded(*args, **kwargs):
@@ -268,8 +292,10 @@ def _recorded(op, lowering: Callable, dropout_at: Optional[int] = None) -> Calla
             dropout, train, layers = args[dropout_at], args[dropout_at + 1], args[dropout_at - 1]
             kwargs = dict(kwargs, key=_key_for(op, dropout, train, layers, None))
         # a CPU `batch_sizes` is host metadata: concrete NumPy, not an input of the differentiated function
-        args = [a.numpy() if type(a) is torch.Tensor and a.device.type == "cpu" and not a.is_floating_point() else a
-                for a in args]
+        args = [
+            a.numpy() if type(a) is torch.Tensor and a.device.type == "cpu" and not a.is_floating_point() else a
+            for a in args
+        ]
         return vjp_node(lowering, *args, **kwargs)
 
     return recorded
@@ -328,14 +354,18 @@ def rnn_relu_cell(input, hx, w: Weights):
     return _STEPS["rnn_relu"](_linear(input, w.w_ih, w.b_ih), hx, w)[0]
 
 
-for _op, _fn in [(aten.lstm_cell.default, lstm_cell), (aten.gru_cell.default, gru_cell),
-                 (aten.rnn_tanh_cell.default, rnn_tanh_cell), (aten.rnn_relu_cell.default, rnn_relu_cell)]:
+for _op, _fn in [
+    (aten.lstm_cell.default, lstm_cell),
+    (aten.gru_cell.default, gru_cell),
+    (aten.rnn_tanh_cell.default, rnn_tanh_cell),
+    (aten.rnn_relu_cell.default, rnn_relu_cell),
+]:
     register(_op)(_fn)
     keep_whole(_op, _recorded(_op, _fn))
 
 
 # ---- the fused cell kernels (torch's CUDA-style ops), with torch's workspace layouts ---------
-def _bias_sum(a: Optional[Array], b: Optional[Array]):
+def _bias_sum(a: Array | None, b: Array | None):
     return 0 if a is None else a + b
 
 
@@ -355,8 +385,9 @@ def thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_
     grad_cy = jnp.zeros_like(cy) if grad_cy is None else grad_cy
     tc = jnp.tanh(cy)
     gc = grad_hy * o * (1 - tc * tc) + grad_cy
-    grad_gates = jnp.concatenate([gc * g * i * (1 - i), gc * cx * f * (1 - f), gc * i * (1 - g * g),
-                                  grad_hy * tc * o * (1 - o)], axis=-1)
+    grad_gates = jnp.concatenate(
+        [gc * g * i * (1 - i), gc * cx * f * (1 - f), gc * i * (1 - g * g), grad_hy * tc * o * (1 - o)], axis=-1
+    )
     return grad_gates, gc * f, (grad_gates.sum(0) if has_bias else None)
 
 
@@ -393,12 +424,15 @@ def pack_padded_sequence(input, lengths, batch_first):
     """
     lens = _concrete_sizes(lengths)
     if lens.ndim != 1 or (lens <= 0).any():
-        raise RuntimeError("Length of all samples has to be greater than 0, but found an element in 'lengths' "
-                           "that is <= 0")
+        raise RuntimeError(
+            "Length of all samples has to be greater than 0, but found an element in 'lengths' that is <= 0"
+        )
     if (np.diff(lens) > 0).any():
-        raise RuntimeError("`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. "
-                           "You can pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence to "
-                           "sidestep this requirement if you do not need ONNX exportability.")
+        raise RuntimeError(
+            "`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. "
+            "You can pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence to "
+            "sidestep this requirement if you do not need ONNX exportability."
+        )
     x = jnp.swapaxes(input, 0, 1) if batch_first else input
     sizes = (lens[None, :] > np.arange(int(lens[0]))[:, None]).sum(1)
     _, mask = _packed_layout(sizes)

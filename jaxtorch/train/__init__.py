@@ -1,12 +1,12 @@
 """Training torch modules with JAX: optax steps, sharding, checkpoints, and the way back to torch.
 
-    ```python
-    init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.adam(1e-3))
-    state = init()
-    state, loss = step(state, x, y, key)
-    jaxtorch.train.save_checkpoint(state, "ckpt.safetensors")
-    jaxtorch.train.load_into(model, state.params)
-    ```
+```python
+init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.adam(1e-3))
+state = init()
+state, loss = step(state, x, y, key)
+jaxtorch.train.save_checkpoint(state, "ckpt.safetensors")
+jaxtorch.train.load_into(model, state.params)
+```
 """
 
 from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint

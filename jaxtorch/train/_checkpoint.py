@@ -139,7 +139,12 @@ def _decode(node: dict, arrays: dict, shardings, path: str):
         return kids if t == "list" else tuple(kids)
     if t == "namedtuple":
         cls = _namedtuple_class(node["cls"], node["fields"])
-        return cls(*[_decode(c, arrays, _sub(shardings, i), f"{path}.{f}") for i, (f, c) in enumerate(zip(node["fields"], node["c"]))])
+        return cls(
+            *[
+                _decode(c, arrays, _sub(shardings, i), f"{path}.{f}")
+                for i, (f, c) in enumerate(zip(node["fields"], node["c"]))
+            ]
+        )
     if t == "dict":
         keys = [int(v) if kind == "int" else str(v) for kind, v in node["k"]]
         return {k: _decode(c, arrays, _sub(shardings, k), f"{path}[{k!r}]") for k, c in zip(keys, node["c"])}
@@ -272,7 +277,9 @@ def load_checkpoint(path: str | os.PathLike, *, shardings: Any = None) -> Any:
     except Exception as e:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint (truncated or corrupted?): {e}") from e
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is a safetensors file but not a jaxtorch checkpoint (format {meta.get('format')!r})")
+        raise CheckpointError(
+            f"{path} is a safetensors file but not a jaxtorch checkpoint (format {meta.get('format')!r})"
+        )
     if _digest(arrays) != meta.get("sha256"):
         raise CheckpointError(f"{path} is corrupted: its tensor data does not match the checksum in its header")
     try:

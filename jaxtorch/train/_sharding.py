@@ -19,7 +19,8 @@ Megatron-style tensor parallelism of a two-layer MLP on a `("data", "model")` me
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -147,8 +148,15 @@ class DeviceLoader:
         ```
     """
 
-    def __init__(self, loader: Iterable, mesh: Mesh | None = None, axis: str | Sequence[str] | None = "data",
-                 *, as_torch: bool = False, prefetch: int = 1):
+    def __init__(
+        self,
+        loader: Iterable,
+        mesh: Mesh | None = None,
+        axis: str | Sequence[str] | None = "data",
+        *,
+        as_torch: bool = False,
+        prefetch: int = 1,
+    ):
         self.loader = loader
         self.mesh = mesh if mesh is not None else data_mesh()
         self.axis = axis

@@ -10,7 +10,8 @@ Example:
 from __future__ import annotations
 
 import fnmatch
-from typing import Callable, Iterable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import jax
 import numpy as np

@@ -59,19 +59,20 @@ import contextlib
 import functools
 import inspect
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import torch
 
 from ..core import _random
-from ..tensor import _tensor
-from ._jax_first import _module_lock, _run_torch
-from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..core._errors import StateWriteError
 from ..state._binding import Binding, named_state
-from ..tensor._tensor import JaxTensor, root, root_data, was_written, write
 from ..state._holders import ArgState, Holders
+from ..tensor import _tensor
+from ..tensor._convert import array_to_torch, tensor_to_jax
+from ..tensor._tensor import JaxTensor, root, root_data, was_written, write
+from ._jax_first import _module_lock, _run_torch
 
 
 class Compiled:
@@ -193,8 +194,9 @@ class Compiled:
 
     def _call_step(self, key, argstate, dyn, args, kwargs, objects, rng):
         if self._module is not None:
-            raise TypeError("jaxtorch.compile: pass modules/optimizers to a compiled *function*, not to a "
-                            "compiled module's forward")
+            raise TypeError(
+                "jaxtorch.compile: pass modules/optimizers to a compiled *function*, not to a compiled module's forward"
+            )
         holders = Holders.of(objects)
         locks = [_module_lock(m) for m in holders.modules]
         with self._lock:
@@ -220,16 +222,19 @@ def _rebound(slot: JaxTensor, new, name: str) -> None:
     if value is None or tuple(value.shape) != tuple(slot.shape):
         raise StateWriteError(
             f"jaxtorch.compile: the forward replaces `{name}` with a value of another shape or kind; "
-            "a compiled module's parameters and buffers keep their shapes (write into them in place).")
+            "a compiled module's parameters and buffers keep their shapes (write into them in place)."
+        )
     write(slot, value)
 
 
 def _leak_message(names: list[str]) -> str:
-    return ("jaxtorch.compile: the function stored a traced tensor in module attribute(s) "
-            + ", ".join(f"`{n}`" for n in names)
-            + " that are not parameters or buffers, so the value cannot outlive the program; the "
-            "module was left as it was found. Register it as a buffer (`register_buffer`) to make it state, "
-            "or return it.")
+    return (
+        "jaxtorch.compile: the function stored a traced tensor in module attribute(s) "
+        + ", ".join(f"`{n}`" for n in names)
+        + " that are not parameters or buffers, so the value cannot outlive the program; the "
+        "module was left as it was found. Register it as a buffer (`register_buffer`) to make it state, "
+        "or return it."
+    )
 
 
 # ---- writes jaxtorch cannot carry out --------------------------------------------------------
@@ -263,7 +268,8 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
         "program state: it is reached from outside the function's arguments (a closure or a global), so the "
         "write would be lost after the first call and its traced value would leak. Pass the tensor (or the "
         "object holding it: a cache, a list, a dict, a dataclass) as an argument, name its module in "
-        "`jaxtorch.compile(fn, state=(module,))`, or write to a copy.")
+        "`jaxtorch.compile(fn, state=(module,))`, or write to a copy."
+    )
 
 
 def _describe(t: torch.Tensor, fn) -> str:
@@ -284,7 +290,7 @@ def _describe(t: torch.Tensor, fn) -> str:
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
         return True
     except ValueError:
         return False

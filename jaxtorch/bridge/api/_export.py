@@ -20,8 +20,8 @@ from typing import Any
 import jax
 import torch
 
-from ._jax_first import extract
 from ..tensor._convert import to_jax
+from ._jax_first import extract
 
 
 def _spec(x, batch: Any):

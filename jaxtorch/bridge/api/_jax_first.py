@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -12,13 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..state import _mesh_axes as explicit, _scopes as scopes
-from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
-from ..dispatch._environment import default_env
-from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
 from ..core._precision import matmul_precision
 from ..core._random import key_scope
+from ..dispatch._environment import default_env
+from ..state import _mesh_axes as explicit
+from ..state import _scopes as scopes
 from ..state._binding import as_found, bound, named_state
+from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
+from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
 from ..tensor._tensor import JaxTensor
 
 
@@ -90,8 +92,12 @@ def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
     Explicitly sharded arguments (and tensors of `fn`'s module) run with their mesh's axes Auto
     (`explicit.auto_axes`);
     `data` is the part of the arguments that is data, not parameters (default: all)."""
-    with default_env(jax_by_default=True), key_scope(rng), matmul_precision(), \
-            explicit.auto_axes((fn, targs, tkwargs), data) as region:
+    with (
+        default_env(jax_by_default=True),
+        key_scope(rng),
+        matmul_precision(),
+        explicit.auto_axes((fn, targs, tkwargs), data) as region,
+    ):
         out = fn(*targs, **tkwargs)
     return region.finish(jax_view(_jaxify_leftovers(out)))  # jax_view's walk registers new containers
 
@@ -99,11 +105,14 @@ def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
 def _jaxify_leftovers(tree):
     """Plain CPU tensors in a result (constants, a module's own tensor) become JAX arrays too:
     snapshots, so a later torch write to them does not reach the result."""
-    return tree_map(lambda x: tensor_to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree)
+    return tree_map(
+        lambda x: tensor_to_jax(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x, tree
+    )
 
 
-def extract(module: torch.nn.Module, *, mutable: bool = False,
-            conv_layout: ConvLayout = "torch") -> tuple[dict[str, jax.Array], Callable]:
+def extract(
+    module: torch.nn.Module, *, mutable: bool = False, conv_layout: ConvLayout = "torch"
+) -> tuple[dict[str, jax.Array], Callable]:
     """Turn a `torch.nn.Module` into `(params, fn)`: a dict of JAX arrays and a pure JAX function.
 
     `params` holds every parameter and buffer by the name `named_parameters` /
@@ -161,7 +170,7 @@ def _module_fn(module: torch.nn.Module, mutable: bool, kernels: dict | None = No
     return fn
 
 
-_locks: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 
 
@@ -193,7 +202,7 @@ class TorchModule(eqx.Module):
 
 
 # one pure function per (module, layout), dropped with the module
-_fns: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Callable]]" = weakref.WeakKeyDictionary()
+_fns: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Callable]] = weakref.WeakKeyDictionary()
 
 
 def _fn_cache(module: torch.nn.Module, conv_layout: ConvLayout) -> Callable:

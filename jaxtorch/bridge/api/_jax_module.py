@@ -34,8 +34,9 @@ def _is_nnx(module) -> bool:
 
 
 def _name(path) -> str:
-    name = "_".join(re.sub(r"\W+", "_", str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))).strip("_")
-                    for k in path)
+    name = "_".join(
+        re.sub(r"\W+", "_", str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))).strip("_") for k in path
+    )
     return name or "param"
 
 

@@ -128,8 +128,13 @@ class Binding:
         if unknown:
             raise KeyError(_unknown_names(unknown, state, module))
         names = {id(state[name]): name for name in values}
-        slots = [(d, k, names[id(t)]) for m in module.modules() for d in (m._parameters, m._buffers)
-                 for k, t in d.items() if t is not None and id(t) in names]
+        slots = [
+            (d, k, names[id(t)])
+            for m in module.modules()
+            for d in (m._parameters, m._buffers)
+            for k, t in d.items()
+            if t is not None and id(t) in names
+        ]
         for d, k, name in slots:
             d[k] = values[name]
             self._slots.append((d, k, name, values[name]))
@@ -153,9 +158,11 @@ class Binding:
         leaked = []
         for m, attrs, slots in self._attrs:
             for live, saved in [*slots, (m.__dict__, attrs)]:
-                leaked += [f"{type(m).__name__}.{k}" for k, v in live.items()
-                           if (k not in saved or saved[k] is not v) and (id(live), k) not in bound
-                           and _holds_tracer(v)]
+                leaked += [
+                    f"{type(m).__name__}.{k}"
+                    for k, v in live.items()
+                    if (k not in saved or saved[k] is not v) and (id(live), k) not in bound and _holds_tracer(v)
+                ]
         return leaked
 
     def restore(self) -> None:
@@ -175,10 +182,16 @@ class Binding:
 
 
 def _unknown_names(unknown: list[str], state: dict, module: torch.nn.Module) -> str:
-    return (f"jaxtorch: {unknown[:5]} {'is' if len(unknown) == 1 else 'are'} not parameters or buffers "
-            f"of this {type(module).__name__} (it has {list(state)[:5]}...)"
-            + ("; `.kernel` names are convolution weights in Flax's layout, which the function from "
-               "`extract(module, conv_layout='flax')` takes" if any(k.endswith("kernel") for k in unknown) else ""))
+    return (
+        f"jaxtorch: {unknown[:5]} {'is' if len(unknown) == 1 else 'are'} not parameters or buffers "
+        f"of this {type(module).__name__} (it has {list(state)[:5]}...)"
+        + (
+            "; `.kernel` names are convolution weights in Flax's layout, which the function from "
+            "`extract(module, conv_layout='flax')` takes"
+            if any(k.endswith("kernel") for k in unknown)
+            else ""
+        )
+    )
 
 
 def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -87,7 +87,7 @@ class Holders:
     params: list[JaxTensor]  # the subset with requires_grad (their .grad slots are state)
 
     @classmethod
-    def of(cls, objects) -> "Holders":
+    def of(cls, objects) -> Holders:
         """Collect the modules' and optimizers' tensors (each once, by identity).
 
         Raises `TypeError` naming the tensor when one is not on the `jax` device: a train
@@ -97,10 +97,10 @@ class Holders:
         modules = tuple(o for o in objects if isinstance(o, torch.nn.Module))
         optimizers = tuple(o for o in objects if isinstance(o, torch.optim.Optimizer))
         found: dict[int, tuple[str, torch.Tensor]] = {}
-        for i, m in enumerate(modules):
+        for m in modules:
             for name, t in [*m.named_parameters(), *m.named_buffers()]:
                 found.setdefault(id(t), (f"{type(m).__name__}.{name}", t))
-        for i, opt in enumerate(optimizers):
+        for opt in optimizers:
             for g, group in enumerate(opt.param_groups):
                 for j, p in enumerate(group["params"]):
                     found.setdefault(id(p), (f"{type(opt).__name__}.param_groups[{g}]['params'][{j}]", p))
@@ -138,8 +138,9 @@ class Holders:
                 sig.append(tuple(sorted(hyper.items())))
                 for p in params:
                     st = opt.state.get(p, {})
-                    arrays = {k: _array(v, f"optimizer state '{k}'") for k, v in st.items()
-                              if isinstance(v, torch.Tensor)}
+                    arrays = {
+                        k: _array(v, f"optimizer state '{k}'") for k, v in st.items() if isinstance(v, torch.Tensor)
+                    }
                     statics = tuple(sorted((k, freeze(v)) for k, v in st.items() if not isinstance(v, torch.Tensor)))
                     per_opt.append(arrays)
                     sig.append((tuple(sorted(arrays)), statics))
@@ -147,8 +148,13 @@ class Holders:
             lrs.append(per_lr)
             sig_opt.append(tuple(sig))
         state = State([t.elem for t in self.tensors], grads, opt_state, lrs)
-        signature = (len(self.tensors), tuple(map(id, self.params)), sig_grads, tuple(sig_opt),
-                     tuple(m.training for m in self.modules))
+        signature = (
+            len(self.tensors),
+            tuple(map(id, self.params)),
+            sig_grads,
+            tuple(sig_opt),
+            tuple(m.training for m in self.modules),
+        )
         return state, signature
 
     @contextlib.contextmanager
@@ -168,8 +174,11 @@ class Holders:
                 new_state, _ = holders.read()
             ```
         """
-        saved = ([p.grad for p in self.params], [dict(opt.state) for opt in self.optimizers],
-                 [[dict(g) for g in opt.param_groups] for opt in self.optimizers])
+        saved = (
+            [p.grad for p in self.params],
+            [dict(opt.state) for opt in self.optimizers],
+            [[dict(g) for g in opt.param_groups] for opt in self.optimizers],
+        )
         with Binding(self.modules, self.tensors) as binding:
             try:
                 binding.bind_data(state.tensors)
@@ -267,7 +276,7 @@ class ArgState:
     tensors: list  # the unique tensors, originals
 
     @classmethod
-    def of(cls, args: tuple, kwargs: dict) -> "ArgState":
+    def of(cls, args: tuple, kwargs: dict) -> ArgState:
         leaves, treedef = pytrees.flatten((args, kwargs))
         plain = {type(x) for x in leaves if _plain_stateful(x)}
         while plain:  # an object of a class of yours holding tensors: its tensors are state too
@@ -297,8 +306,11 @@ class ArgState:
 
     def key(self, arrays) -> tuple:
         """What decides a program: structure, static values, and the arrays' shapes and dtypes."""
-        return (self.treedef, tuple(freeze(s) for s in self.statics),
-                tuple((tuple(a.shape), str(a.dtype)) for a in arrays))
+        return (
+            self.treedef,
+            tuple(freeze(s) for s in self.statics),
+            tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+        )
 
     def rebuild(self, arrays) -> tuple[tuple, dict, list]:
         """Fresh arguments holding `JaxTensor(array)`s (aliases share one); the containers are
@@ -313,8 +325,10 @@ class ArgState:
         written = [j for j, t in enumerate(inputs) if was_written(t)]
         for j in written:
             if not isinstance(self.tensors[j], torch.Tensor):
-                raise TypeError("jaxtorch.compile: the function writes in place into an argument that is a "
-                                "jax.Array, which never changes; pass a torch tensor (`jaxtorch.torch_view(a)`).")
+                raise TypeError(
+                    "jaxtorch.compile: the function writes in place into an argument that is a "
+                    "jax.Array, which never changes; pass a torch tensor (`jaxtorch.torch_view(a)`)."
+                )
         leaves, treedef = pytrees.flatten((args, kwargs))
         ids = {id(t): j for j, t in enumerate(inputs)}
         after, new = [], []
@@ -328,8 +342,13 @@ class ArgState:
                     new.append(x.elem if isinstance(x, JaxTensor) else _array(x, "a tensor put into an argument"))
             else:
                 after.append(x)
-        same = treedef == self.treedef and len(after) == len(self.statics) and all(
-            a is s or (isinstance(a, Slot) and isinstance(s, Slot) and a == s) for a, s in zip(after, self.statics))
+        same = (
+            treedef == self.treedef
+            and len(after) == len(self.statics)
+            and all(
+                a is s or (isinstance(a, Slot) and isinstance(s, Slot) and a == s) for a, s in zip(after, self.statics)
+            )
+        )
         aux = (tuple(written), None if same else (treedef, tuple(after)))
         return [inputs[j].elem for j in written], new, aux
 
@@ -347,8 +366,10 @@ class ArgState:
         if structure is None:
             return
         treedef, after = structure
-        leaves = [self.tensors[a] if isinstance(a, Slot) else JaxTensor(new_values[a.index])
-                  if isinstance(a, _NewLeaf) else a for a in after]
+        leaves = [
+            self.tensors[a] if isinstance(a, Slot) else JaxTensor(new_values[a.index]) if isinstance(a, _NewLeaf) else a
+            for a in after
+        ]
         new_args, new_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         _merge(args, new_args)
         _merge(kwargs, new_kwargs)
@@ -375,7 +396,7 @@ def _merge(orig, new):
     if type(orig) is not type(new) or is_array_like(orig):
         return new
     if isinstance(orig, list):
-        merged = [_merge(o, n) for o, n in zip(orig, new)] + list(new[len(orig):])
+        merged = [_merge(o, n) for o, n in zip(orig, new)] + list(new[len(orig) :])
         orig[:] = merged
         return orig
     if isinstance(orig, dict) and not pytrees.is_model_output(orig):
@@ -387,8 +408,11 @@ def _merge(orig, new):
     if isinstance(orig, tuple):
         merged = [_merge(o, n) for o, n in zip(orig, new)]
         return orig if len(orig) == len(new) and all(m is o for m, o in zip(merged, orig)) else new
-    if hasattr(orig, "__dict__") and not dataclasses.is_dataclass(orig) or (
-            dataclasses.is_dataclass(orig) and not type(orig).__dataclass_params__.frozen):
+    if (
+        hasattr(orig, "__dict__")
+        and not dataclasses.is_dataclass(orig)
+        or (dataclasses.is_dataclass(orig) and not type(orig).__dataclass_params__.frozen)
+    ):
         od, nd = vars(orig), vars(new)
         for k, v in nd.items():
             merged = _merge(od[k], v) if k in od else v

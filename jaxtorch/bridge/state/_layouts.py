@@ -38,8 +38,10 @@ Kernels = dict[str, tuple[str, tuple[int, ...]]]  # torch name -> (Flax-style na
 
 def check_layout(conv_layout: str) -> None:
     if conv_layout not in ("torch", "flax"):
-        raise ValueError(f"jaxtorch: conv_layout must be 'torch' (torch's names and layouts) or 'flax' (convolution "
-                         f"weights as `<module>.kernel`, shaped (*kernel, in, out)), got {conv_layout!r}")
+        raise ValueError(
+            f"jaxtorch: conv_layout must be 'torch' (torch's names and layouts) or 'flax' (convolution "
+            f"weights as `<module>.kernel`, shaped (*kernel, in, out)), got {conv_layout!r}"
+        )
 
 
 def kernel_permutation(ndim: int) -> tuple[int, ...]:
@@ -57,9 +59,13 @@ def conv_kernels(module: torch.nn.Module, conv_layout: ConvLayout = "flax") -> K
     check_layout(conv_layout)
     if conv_layout == "torch":
         return {}
-    convs = {id(m.weight) for m in module.modules()
-             if isinstance(m, torch.nn.modules.conv._ConvNd) and not m.transposed
-             and not isinstance(m.weight, torch.nn.parameter.UninitializedParameter)}
+    convs = {
+        id(m.weight)
+        for m in module.modules()
+        if isinstance(m, torch.nn.modules.conv._ConvNd)
+        and not m.transposed
+        and not isinstance(m.weight, torch.nn.parameter.UninitializedParameter)
+    }
     out: Kernels = {}
     for name, t in named_state(module).items():
         prefix, _, leaf = name.rpartition(".")
@@ -92,11 +98,15 @@ def from_kernels(params: dict, kernels: Kernels) -> dict:
         if name in back:
             old, inverse = back[name]
             if old in params:
-                raise ValueError(f"jaxtorch: params give both `{old}` (torch's layout) and `{name}` (Flax's layout) "
-                                 "for one convolution weight; keep one")
+                raise ValueError(
+                    f"jaxtorch: params give both `{old}` (torch's layout) and `{name}` (Flax's layout) "
+                    "for one convolution weight; keep one"
+                )
             if jnp.ndim(value) != len(inverse):
-                raise ValueError(f"jaxtorch: `{name}` has shape {tuple(jnp.shape(value))}; a {len(inverse) - 2}-d "
-                                 f"convolution kernel has {len(inverse)} dimensions (*kernel, in, out)")
+                raise ValueError(
+                    f"jaxtorch: `{name}` has shape {tuple(jnp.shape(value))}; a {len(inverse) - 2}-d "
+                    f"convolution kernel has {len(inverse)} dimensions (*kernel, in, out)"
+                )
             out[old] = _relayout(value, inverse)
         else:
             out[name] = value
@@ -110,8 +120,13 @@ def _relayout(value, perm: tuple[int, ...]):
     ResNet-18's 11 shapes); traced values by `jnp.transpose`, which XLA cancels."""
     if isinstance(value, torch.Tensor):
         return value.detach().permute(perm)
-    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and value.is_fully_addressable \
-            and len(value.devices()) == 1 and next(iter(value.devices())).platform == "cpu":
+    if (
+        isinstance(value, jax.Array)
+        and not isinstance(value, jax.core.Tracer)
+        and value.is_fully_addressable
+        and len(value.devices()) == 1
+        and next(iter(value.devices())).platform == "cpu"
+    ):
         return jnp.asarray(np.ascontiguousarray(np.transpose(np.asarray(value), perm)))
     return jnp.transpose(value, perm) if isinstance(value, jax.Array) else np.transpose(value, perm)
 

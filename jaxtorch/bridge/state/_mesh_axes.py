@@ -27,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import torch
@@ -136,10 +137,18 @@ def auto_axes(tree, data=None) -> Iterator[_Region]:
     mesh = next(iter(types.values())).mesh
     for s in types.values():
         if s.mesh != mesh:
-            raise ValueError(f"jaxtorch: the arguments lie on different meshes: {mesh} and {s.mesh}; "
-                             "place them on one (jaxtorch.train.shard / jax.device_put)")
-    concrete = next((root_data(t).sharding.mesh for t in roots if isinstance(root_data(t), jax.Array)
-                     and not isinstance(root_data(t), jax.core.Tracer)), None)
+            raise ValueError(
+                f"jaxtorch: the arguments lie on different meshes: {mesh} and {s.mesh}; "
+                "place them on one (jaxtorch.train.shard / jax.device_put)"
+            )
+    concrete = next(
+        (
+            root_data(t).sharding.mesh
+            for t in roots
+            if isinstance(root_data(t), jax.Array) and not isinstance(root_data(t), jax.core.Tracer)
+        ),
+        None,
+    )
     target = concrete if concrete is not None else mesh
     region = _Region(target, _batch_axes(tree if data is None else data))
     auto = mesh.update_axis_types({a: AxisType.Auto for a in mesh.explicit_axes})

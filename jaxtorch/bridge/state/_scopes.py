@@ -30,8 +30,8 @@ from jax._src import core as _core
 
 from ..tensor._tensor import JaxTensor, root, root_data, set_same_data
 
-_names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
-_blocks: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+_blocks: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 _local = threading.local()
 _users = 0
 _handles: list = []

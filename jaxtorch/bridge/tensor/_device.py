@@ -85,8 +85,12 @@ def _build_guard_now():
     built = Path(_get_build_directory(_JIT_NAME, False)) / f"{_JIT_NAME}.so"
     if not built.exists() or built.stat().st_mtime < src.stat().st_mtime:
         # measured: 12-13 s on 2 cores shared with many busy processes (load ~16); less on a quiet machine
-        print(f"jaxtorch: compiling its C++ device guard once (at most about 15 s; cached in "
-              f"{built.parent}); `pip install -e .` builds it at install time instead", file=sys.stderr, flush=True)
+        print(
+            f"jaxtorch: compiling its C++ device guard once (at most about 15 s; cached in "
+            f"{built.parent}); `pip install -e .` builds it at install time instead",
+            file=sys.stderr,
+            flush=True,
+        )
     return load(_JIT_NAME, [str(src)], extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch.__version__}"])
 
 
@@ -109,7 +113,8 @@ def _load_cpp_guard() -> str:
     except Exception as e:  # no compiler: the Python guard still works, errors in backward abort
         warnings.warn(
             f"jaxtorch could not build its C++ device guard ({type(e).__name__}: {e}); an exception raised "
-            "inside loss.backward() on the jax device will abort the process. Install a C++ compiler to fix this."
+            "inside loss.backward() on the jax device will abort the process. Install a C++ compiler to fix this.",
+            stacklevel=2,
         )
         return ""
 
