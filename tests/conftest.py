@@ -4,7 +4,6 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -87,8 +87,9 @@ def test_report_counts_add_up():
 
 
 def test_command_line_entry_point():
-    out = subprocess.run([sys.executable, "-m", "jaxtorch.coverage", "--no-list-missing"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxtorch.coverage", "--no-list-missing"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr, out.stderr  # runpy's RuntimeWarning about sys.modules
     assert "classifying ops" not in out.stderr, out.stderr  # no progress bar into a pipe
@@ -144,11 +145,13 @@ def test_check_does_not_change_the_model():
 
 def test_check_lists_missing_ops_and_decompositions_into_them():
     assert cov.check(lambda x: OPS.missing(x) + 1, torch.ones(3)) == [
-        "jaxtorch_covtest::missing.default: no lowering and no decomposition"]
+        "jaxtorch_covtest::missing.default: no lowering and no decomposition"
+    ]
     assert cov.check(lambda x: OPS.via_aten(x), torch.ones(3)) == []
     # CompositeImplicit ops decompose before the dispatcher, as in jaxtorch: the inner op is reported.
     assert cov.check(lambda x: OPS.via_missing(x), torch.ones(3)) == [
-        "jaxtorch_covtest::missing.default: no lowering and no decomposition"]
+        "jaxtorch_covtest::missing.default: no lowering and no decomposition"
+    ]
 
 
 def test_check_follows_decompositions_recursively():
@@ -161,7 +164,8 @@ def test_check_follows_decompositions_recursively():
         assert cov.how(op) == cov.DECOMPOSED
         assert cov.check(lambda x: OPS.table_decomp(x), torch.ones(3)) == [
             "jaxtorch_covtest::table_decomp.default: its decomposition calls jaxtorch_covtest::missing.default "
-            "(no lowering and no decomposition)"]
+            "(no lowering and no decomposition)"
+        ]
         with pytest.raises(jaxtorch.UnsupportedOpError, match="missing"):
             jaxtorch.call_torch(lambda x: OPS.table_decomp(x), jnp.ones(3))
         decomposition_table[op] = lambda x: torch.sin(x) + 1
@@ -175,11 +179,15 @@ def test_check_follows_decompositions_recursively():
 
 def test_check_agrees_with_running_cdist():
     # aten.cdist's CPU path calls _cdist_forward; whatever jaxtorch lowers, the verdict must agree with running it.
-    problems = cov.check(lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"),
-                         torch.ones(3, 2), torch.ones(4, 2))
+    problems = cov.check(
+        lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"), torch.ones(3, 2), torch.ones(4, 2)
+    )
     try:
-        jaxtorch.call_torch(lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"),
-                            jnp.ones((3, 2)), jnp.ones((4, 2)))
+        jaxtorch.call_torch(
+            lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"),
+            jnp.ones((3, 2)),
+            jnp.ones((4, 2)),
+        )
         runs = True
     except jaxtorch.UnsupportedOpError:
         runs = False

@@ -28,8 +28,14 @@ def _hooks():
 def test_strict_build(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     home = (site / "index.html").read_text()
     assert "What is tested, against the peers" in home and "entries passing" in home  # feature table, coverage
@@ -51,7 +57,10 @@ def test_api_reference_covers_the_public_api():
 
 def test_readme_links_point_into_the_site():
     hooks = _hooks()
-    text = ("[nb](notebooks/01_quickstart.ipynb) [t](tests/test_readme.py) [gone](tests/no_such_file.py) "
-            "[web](https://jax.dev) [home](index.md)")
+    text = (
+        "[nb](notebooks/01_quickstart.ipynb) [t](tests/test_readme.py) [gone](tests/no_such_file.py) "
+        "[web](https://jax.dev) [home](index.md)"
+    )
     assert hooks.readme_for_site(text, {"index.md"}) == (
-        "[nb](notebooks/01_quickstart.py) t [gone](tests/no_such_file.py) [web](https://jax.dev) [home](index.md)")
+        "[nb](notebooks/01_quickstart.py) t [gone](tests/no_such_file.py) [web](https://jax.dev) [home](index.md)"
+    )

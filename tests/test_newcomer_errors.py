@@ -185,8 +185,9 @@ def test_cpu_tensors_inside_extract_are_converted_as_the_message_says():
     x = _x(3, 4)
     params, fn = jaxtorch.extract(model)
     assert "scale" not in params  # not a buffer: a constant of the program
-    np.testing.assert_allclose(np.asarray(jax.jit(fn)(params, jaxtorch.to_jax(x))), model(x).detach().numpy(),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(fn)(params, jaxtorch.to_jax(x))), model(x).detach().numpy(), rtol=1e-6, atol=1e-6
+    )
 
 
 # ---- float64 with JAX's x64 off ------------------------------------------------------

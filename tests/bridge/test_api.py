@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 import torch
 
 import jaxtorch
@@ -38,7 +37,9 @@ def test_call_torch_eager_jit_grad():
 
 
 def test_factories_inside_call_torch_are_jax():
-    out = jax.jit(lambda x: jaxtorch.call_torch(lambda t: t + torch.zeros(3) + torch.tensor([1.0, 2.0, 3.0]), x))(jnp.ones(3))
+    out = jax.jit(lambda x: jaxtorch.call_torch(lambda t: t + torch.zeros(3) + torch.tensor([1.0, 2.0, 3.0]), x))(
+        jnp.ones(3)
+    )
     np.testing.assert_array_equal(np.asarray(out), [2.0, 3.0, 4.0])
 
 

@@ -25,13 +25,20 @@ class Pair:
 
 
 # int32 is left out: without JAX's x64 mode it reads back as int64 (see the dedicated test).
-DTYPES = [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.float16, torch.uint8,
-          torch.int8, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.int64,
+    torch.bool,
+    torch.bfloat16,
+    torch.float16,
+    torch.uint8,
+    torch.int8,
+    torch.complex64,
+]
 
 
 def _tensor(draw, dtype):
     shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
-    n = int(np.prod(shape)) if shape else 1
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
@@ -51,8 +58,13 @@ def nested(draw, depth=0):
         return {"int": 3, "float": 2.5, "none": None, "str": "s"}[kind]
     kind = draw(st.sampled_from(["list", "tuple", "dict", "namedtuple", "dataclass"]))
     a, b = draw(nested(depth + 1)), draw(nested(depth + 1))
-    return {"list": [a, b], "tuple": (a, b), "dict": {"a": a, "b": b}, "namedtuple": Point(a, b),
-            "dataclass": Pair(a, b)}[kind]
+    return {
+        "list": [a, b],
+        "tuple": (a, b),
+        "dict": {"a": a, "b": b},
+        "namedtuple": Point(a, b),
+        "dataclass": Pair(a, b),
+    }[kind]
 
 
 def _assert_same(x, y):

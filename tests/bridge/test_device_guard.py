@@ -52,14 +52,21 @@ print(len(calls))
 def _python(code: str, **env) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "JAXTORCH_PYTHON_GUARD"}
     env = {**base, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=env.get("TORCH_EXTENSIONS_DIR", ROOT),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=env.get("TORCH_EXTENSIONS_DIR", ROOT),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_import_loads_the_guard_built_at_install():
     assert device.CPP_GUARD == "prebuilt", (
         "the C++ device guard was not built by the install: run `pip install -r requirements.txt` "
-        "(or `pip install -e .`) in this checkout")
+        "(or `pip install -e .`) in this checkout"
+    )
     from jaxtorch.bridge import _device_guard
 
     assert _device_guard.TORCH_VERSION == torch.__version__
@@ -85,6 +92,8 @@ def test_without_the_prebuilt_guard_import_compiles_once_and_says_so(tmp_path):
     first = run()
     assert first.returncode == 0 and first.stdout.strip() == "'built at import'", first.stderr
     said = [line for line in first.stderr.splitlines() if "C++ device guard" in line]
-    assert len(said) == 1 and said[0].startswith("jaxtorch: compiling its C++ device guard once (at most about"), first.stderr
+    assert len(said) == 1 and said[0].startswith("jaxtorch: compiling its C++ device guard once (at most about"), (
+        first.stderr
+    )
     second = run()  # cached: loads without compiling or saying anything
     assert second.stdout.strip() == "'built at import'" and "C++ device guard" not in second.stderr, second.stderr

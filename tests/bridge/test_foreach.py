@@ -8,11 +8,6 @@ import contextlib
 import jax
 import pytest
 import torch
-
-import jaxtorch
-import jaxtorch.xla as xm
-from jaxtorch.bridge.dispatch import _foreach as foreach
-from jaxtorch import Float64Error
 from torch.testing._internal.common_methods_invocations import (
     foreach_binary_op_db,
     foreach_other_op_db,
@@ -21,10 +16,23 @@ from torch.testing._internal.common_methods_invocations import (
     foreach_unary_op_db,
 )
 
+import jaxtorch
+import jaxtorch.xla as xm
+from jaxtorch import Float64Error
+from jaxtorch.bridge.dispatch import _foreach as foreach
+
 jaxtorch.enable_globally()
 
-OPS = {op.name: op for op in (foreach_unary_op_db + foreach_binary_op_db + foreach_pointwise_op_db
-                              + foreach_reduce_op_db + foreach_other_op_db)}
+OPS = {
+    op.name: op
+    for op in (
+        foreach_unary_op_db
+        + foreach_binary_op_db
+        + foreach_pointwise_op_db
+        + foreach_reduce_op_db
+        + foreach_other_op_db
+    )
+}
 # name -> why the jax device's answer differs from CPU torch's (checked both ways)
 EXPECTED: dict[str, str] = {}
 # float32 defaults of `assert_close` except where the op sums: a 16-term dot product in
@@ -70,7 +78,13 @@ def _check(op, lazy: bool) -> None:
                     _run(variant, s, "jax", lazy)
                 continue
             got = _run(variant, s, "jax", lazy)
-            torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE.get(op.name, {}), msg=lambda m: f"{op.name} {s.args} {s.kwargs}: {m}")
+            torch.testing.assert_close(
+                got,
+                want,
+                equal_nan=True,
+                **TOLERANCE.get(op.name, {}),
+                msg=lambda m: f"{op.name} {s.args} {s.kwargs}: {m}",
+            )
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
@@ -90,10 +104,19 @@ def test_expected_names_exist():
 def test_common_overloads_are_one_call():
     """The overloads the optimizers use are applied over the whole list in one lowering."""
     aten = torch.ops.aten
-    for f in (aten._foreach_lerp_.Scalar, aten._foreach_mul_.Scalar, aten._foreach_addcmul_.Scalar,
-              aten._foreach_addcdiv_.ScalarList, aten._foreach_sqrt.default, aten._foreach_div_.ScalarList,
-              aten._foreach_add_.Scalar, aten._foreach_add_.List, aten._foreach_maximum_.List,
-              aten._foreach_copy_.default, aten._foreach_zero_.default):
+    for f in (
+        aten._foreach_lerp_.Scalar,
+        aten._foreach_mul_.Scalar,
+        aten._foreach_addcmul_.Scalar,
+        aten._foreach_addcdiv_.ScalarList,
+        aten._foreach_sqrt.default,
+        aten._foreach_div_.ScalarList,
+        aten._foreach_add_.Scalar,
+        aten._foreach_add_.List,
+        aten._foreach_maximum_.List,
+        aten._foreach_copy_.default,
+        aten._foreach_zero_.default,
+    ):
         assert foreach.lowering_for(f) is not None, f
     # ATen runs these as other ops' kernels: clamp_min, linalg_vector_norm
     assert foreach.per_element(aten._foreach_maximum_.Scalar)[0] is aten.clamp_min.default
@@ -203,6 +226,7 @@ def test_torch_optimizers_foreach_path_matches_cpu(name, lazy):
 def test_in_place_calls_whose_lists_alias_keep_torchs_loop_order(lazy):
     """`_foreach_copy_([a, b], [b, a])` copies in order (both end as b); a one-call update
     would swap them. Also a list holding one tensor twice, and a scalar tensor that is an output."""
+
     def run(device):
         a, b = torch.tensor([1.0, 2.0]).to(device), torch.tensor([3.0, 4.0]).to(device)
         c = torch.tensor(2.0).to(device)
@@ -217,6 +241,7 @@ def test_in_place_calls_whose_lists_alias_keep_torchs_loop_order(lazy):
     aten = torch.ops.aten
     x, y = torch.ones(2).to("jax"), torch.ones(2).to("jax")
     from jaxtorch.bridge.dispatch._interpreter import _root
+
     assert foreach.aliased_across(([x, y], [y, x]), {}, _root)
     assert foreach.aliased_across(([x, x[:1]], [y, y]), {}, _root)  # two views of one root
     assert not foreach.aliased_across(([x, y], [x, y]), {}, _root)  # each element reads itself: fine

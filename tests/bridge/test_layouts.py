@@ -35,9 +35,9 @@ class Mixed(nn.Module):
         h = torch.relu(self.bn(self.stem(x)))
         h = self.depthwise(self.grouped(h))
         h = self.shared(torch.relu(self.shared(h)))
-        h = self.up(h)                                             # (B, 4, 16, 16)
-        a = self.c1(h.mean(dim=3)).mean(dim=2)                     # (B, 6)
-        b = self.c3(h[:, :1].unsqueeze(1)).mean(dim=(2, 3, 4))     # (B, 2)
+        h = self.up(h)  # (B, 4, 16, 16)
+        a = self.c1(h.mean(dim=3)).mean(dim=2)  # (B, 6)
+        b = self.c3(h[:, :1].unsqueeze(1)).mean(dim=(2, 3, 4))  # (B, 2)
         return self.head(torch.cat([a, b], dim=1))
 
 
@@ -65,8 +65,8 @@ def test_names_and_shapes(model):
         assert f"{name}.weight" not in params
         want = np.transpose(w.detach().numpy(), tuple(range(2, w.ndim)) + (1, 0))
         np.testing.assert_array_equal(np.asarray(params[f"{name}.kernel"]), want)
-    assert params["stem.kernel"].shape == (3, 3, 3, 8)         # (*kernel, in, out) as Flax's nn.Conv
-    assert params["depthwise.kernel"].shape == (3, 3, 1, 16)   # in / groups
+    assert params["stem.kernel"].shape == (3, 3, 3, 8)  # (*kernel, in, out) as Flax's nn.Conv
+    assert params["depthwise.kernel"].shape == (3, 3, 1, 16)  # in / groups
     # everything else keeps torch's name, layout and order of the entries
     kept = [k for k in torch_params if k.rpartition(".")[0] not in CONVS or not k.endswith("weight")]
     assert [k for k in params if not k.endswith("kernel")] == kept
@@ -97,7 +97,7 @@ def test_forward_and_gradient_match(model, x):
 
 
 def _entry_relayouts(compiled_text: str) -> int:
-    entry = compiled_text[compiled_text.index("\nENTRY"):].splitlines()
+    entry = compiled_text[compiled_text.index("\nENTRY") :].splitlines()
     return sum(1 for ln in entry if re.search(r"%(transpose|copy)[\w.-]* = ", ln))
 
 
@@ -166,10 +166,19 @@ def test_train_step_matches_torch_layout():
     """Three SGD steps of a BatchNorm CNN: the same losses and weights in either layout, and
     `load_into` puts torch's layout back into the module."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                          nn.Conv2d(8, 8, 3, groups=8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)).train()
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, groups=8),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    ).train()
     g = torch.Generator().manual_seed(2)
-    batches = [(jnp.asarray(torch.randn(4, 3, 8, 8, generator=g).numpy()), jnp.asarray(np.arange(4) % 3)) for _ in range(3)]
+    batches = [
+        (jnp.asarray(torch.randn(4, 3, 8, 8, generator=g).numpy()), jnp.asarray(np.arange(4) % 3)) for _ in range(3)
+    ]
     xent = lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out, y).mean()  # noqa: E731
     results = {}
     for layout in ("torch", "flax"):
@@ -183,5 +192,6 @@ def test_train_step_matches_torch_layout():
     assert "0.kernel" in results["flax"][0].params
     jaxtorch.load_into(model, results["flax"][0].params)
     for name, t in model.state_dict().items():
-        np.testing.assert_allclose(t.numpy(), np.asarray(results["torch"][0].params[name]), rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            t.numpy(), np.asarray(results["torch"][0].params[name]), rtol=1e-4, atol=1e-5, err_msg=name
+        )

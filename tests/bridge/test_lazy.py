@@ -15,11 +15,10 @@ import torch.nn.functional as F
 
 import jaxtorch
 import jaxtorch.xla as xm
+from benchmarks.models import gpt2
 from jaxtorch.bridge.core import _lazy as lazy_mod
 from jaxtorch.bridge.core._lazy import LazyArray
 from jaxtorch.xla import LazyGraphWarning
-
-from benchmarks.models import gpt2
 
 HERE = os.path.basename(__file__)
 
@@ -43,8 +42,13 @@ class BNNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.body = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+        )
         self.head = torch.nn.Linear(8, 5)
 
     def forward(self, x):
@@ -68,8 +72,7 @@ def _train(make_model, batches, loss_fn, lazy: bool, lr=1e-3):
             xm.mark_step()
             losses.append(loss.detach())
             compiles.append(lazy_mod.metrics().compiles)
-    return ([float(t.cpu()) for t in losses], {k: v.cpu().clone() for k, v in model.state_dict().items()},
-            compiles)
+    return ([float(t.cpu()) for t in losses], {k: v.cpu().clone() for k, v in model.state_dict().items()}, compiles)
 
 
 def _assert_steady(compiles, steps):
@@ -102,8 +105,8 @@ def test_gpt2_adamw_loop_matches_eager_and_stops_compiling():
             # shift-invariant), so AdamW normalises rounding noise into lr-sized steps whose
             # sign depends on summation order; any two evaluation orders differ there.
             width = got.shape[0] // 3
-            got = torch.cat([got[:width], got[2 * width:]])
-            want = torch.cat([want[:width], want[2 * width:]])
+            got = torch.cat([got[:width], got[2 * width :]])
+            want = torch.cat([want[:width], want[2 * width :]])
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-5, err_msg=k)
 
 
@@ -245,9 +248,9 @@ def test_views_and_in_place_writes_alias_as_in_eager():
     def f(x):
         y = x.clone()
         row = y[1]
-        row.mul_(10)            # a write through a view reaches the root
-        y[:, 0] = -1.0          # index_put / copy_ into a slice
-        col = y.t()[2]          # a view of a view
+        row.mul_(10)  # a write through a view reaches the root
+        y[:, 0] = -1.0  # index_put / copy_ into a slice
+        col = y.t()[2]  # a view of a view
         y.add_(1)
         return y, row + 0, col * 1
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import jaxtorch
-from jaxtorch.bridge.tensor._convert import tensor_to_jax
 from jaxtorch import StateWriteError
+from jaxtorch.bridge.tensor._convert import tensor_to_jax
 
 
 class ConvBN(nn.Module):
@@ -114,8 +114,11 @@ class SharedTwice(nn.Module):
 
 
 def _slots(module):
-    return [(m, k, v) for m in module.modules() for k, v in [*m.__dict__.items(), *m._parameters.items(),
-                                                              *m._buffers.items(), *m._modules.items()]]
+    return [
+        (m, k, v)
+        for m in module.modules()
+        for k, v in [*m.__dict__.items(), *m._parameters.items(), *m._buffers.items(), *m._modules.items()]
+    ]
 
 
 @pytest.mark.parametrize("how", ["eager", "jit", "grad", "mutable"])
@@ -237,8 +240,9 @@ class Classifier(eqx.Module):
 
 
 def test_equinox_and_optax_step_with_a_frozen_torch_cnn_compiles_once():
-    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                        nn.Flatten()).eval()
+    cnn = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+    ).eval()
     model = Classifier(jaxtorch.torch_module_to_jax(cnn), eqx.nn.Linear(8, 2, key=jax.random.key(1)))
     x, y = jax.random.normal(jax.random.key(0), (4, 3, 8, 8)), jnp.array([0, 1, 0, 1])
     opt = optax.adam(1e-2)

@@ -57,7 +57,9 @@ def test_module_to_jax_and_dtype_changes(env):
 
 def test_readme_example_two_line_change():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 26 * 26, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 26 * 26, 10)
+    )
     x = torch.randn(3, 3, 28, 28)
     ref = model(x)
     with jaxtorch.default_env():

@@ -4,7 +4,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -38,6 +37,7 @@ def test_enable_globally_does_not_leak_into_other_threads():
     seen = {}
     jaxtorch.enable_globally()
     try:
+
         def other():
             seen["depth"] = torch._C._len_torch_dispatch_stack()
 

@@ -8,7 +8,6 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import torch
 
 import jaxtorch
@@ -20,7 +19,7 @@ def test_compile_module_no_retrace_and_buffers_written_back():
     ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU())
     ref.load_state_dict(model.state_dict())
     fast = jaxtorch.compile(model)
-    for i in range(4):
+    for _ in range(4):
         x = torch.randn(6, 4)
         out = fast(x)
         np.testing.assert_allclose(out.cpu().numpy(), ref(x).detach().numpy(), rtol=1e-5, atol=1e-6)
@@ -55,9 +54,9 @@ def test_export_reloads_in_a_fresh_process_without_torch(tmp_path):
     script = textwrap.dedent(f"""
         import sys, numpy as np, jax
         exp = jax.export.deserialize(open({str(path)!r}, "rb").read())
-        y = exp.call(np.load({str(tmp_path / 'x.npy')!r}))
+        y = exp.call(np.load({str(tmp_path / "x.npy")!r}))
         assert "torch" not in sys.modules and "jaxtorch" not in sys.modules
-        np.save({str(tmp_path / 'y.npy')!r}, np.asarray(y))
+        np.save({str(tmp_path / "y.npy")!r}, np.asarray(y))
     """)
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     y = np.load(tmp_path / "y.npy")
@@ -86,7 +85,9 @@ def test_register_custom_op_with_custom_vjp():
     f = lambda x: torch.ops.jaxtorch_interop_test.scaled_sin(x)  # noqa: E731
     x = jnp.linspace(0, 1, 5)
     np.testing.assert_allclose(np.asarray(jaxtorch.call_torch(f, x)), 2 * np.sin(np.asarray(x)), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(jax.jit(lambda x: jaxtorch.call_torch(f, x))(x)), 2 * np.sin(np.asarray(x)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(lambda x: jaxtorch.call_torch(f, x))(x)), 2 * np.sin(np.asarray(x)), rtol=1e-6
+    )
     g = jax.grad(lambda x: jaxtorch.call_torch(f, x).sum())(x)
     np.testing.assert_allclose(np.asarray(g), 20 * np.cos(np.asarray(x)), rtol=1e-6)  # the user's rule was used
 

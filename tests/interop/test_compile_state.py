@@ -29,9 +29,17 @@ PROMPT, STEPS = 5, 32
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=64, vocab_size=64, max_position_embeddings=64,
-                                   bos_token_id=0, eos_token_id=0)
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -223,7 +231,7 @@ def test_tensors_of_a_plain_object_argument_are_state_not_constants():
         return stats.mean.sum()
 
     stats = _Running()
-    for i in range(3):
+    for _ in range(3):
         update(stats, torch.full((2,), 4.0))
     assert stats.mean.tolist() == [3.5, 3.5] and update.compilations == 1 and stats.steps == 0
 

@@ -13,8 +13,9 @@ import jaxtorch
 
 def _model(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.GELU(), torch.nn.BatchNorm1d(16),
-                               torch.nn.Linear(16, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.GELU(), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3)
+    )
 
 
 def _batches(n, seed=1):
@@ -37,11 +38,15 @@ def _torch_step(model, opt, x, y):
 
 # On the jax device (as on CUDA) torch.optim takes its foreach path by default; the CPU
 # reference is told to take it too, since SGD's nesterov step then also writes `p.grad`.
-@pytest.mark.parametrize("make_opt", [
-    lambda p, **kw: torch.optim.Adam(p, lr=1e-2, **kw),
-    lambda p, **kw: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, **kw),
-    lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, **kw),
-], ids=["adam", "adamw", "sgd-momentum"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p, **kw: torch.optim.Adam(p, lr=1e-2, **kw),
+        lambda p, **kw: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, **kw),
+        lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, **kw),
+    ],
+    ids=["adam", "adamw", "sgd-momentum"],
+)
 def test_train_step_with_modules_as_arguments_matches_eager_torch(make_opt):
     ref, model = _model(), _model().to("jax")
     ropt, opt = make_opt(ref.parameters(), foreach=True), make_opt(model.parameters())
@@ -88,7 +93,7 @@ def test_closed_over_state_and_gradient_accumulation():
     acc = jaxtorch.compile(lambda x, y: accumulate(model, x, y), state=(model,))
     batches = _batches(4)
     for i in range(0, 4, 2):
-        for x, y in batches[i:i + 2]:
+        for x, y in batches[i : i + 2]:
             accumulate(ref, x, y)
             acc(x, y)
         for p, q in zip(ref.parameters(), model.parameters()):

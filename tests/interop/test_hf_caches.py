@@ -22,9 +22,17 @@ cu = pytest.importorskip("transformers.cache_utils")
 
 
 def _llama_config():
-    return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                    intermediate_size=64, vocab_size=64, max_position_embeddings=64,
-                                    bos_token_id=0, eos_token_id=0)
+    return transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +45,17 @@ def llama():
 def qwen2_hybrid():
     """One sliding-window layer and one full-attention layer (a hybrid cache)."""
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=64, vocab_size=64, use_sliding_window=True, sliding_window=4,
-                                   layer_types=["sliding_attention", "full_attention"])
+    cfg = transformers.Qwen2Config(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        use_sliding_window=True,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     return transformers.Qwen2ForCausalLM(cfg).eval()
 
 
@@ -64,16 +80,21 @@ def _cache(kind, llama, qwen2_hybrid):
     if kind == "quantized_fp8":
         return _filled(llama, cu.QuantizedCache("fp8", cfg))
     if kind == "encoder_decoder":
-        return cu.EncoderDecoderCache(_filled(llama, cu.DynamicCache(config=cfg)),
-                                      _filled(llama, cu.DynamicCache(config=cfg)))
+        return cu.EncoderDecoderCache(
+            _filled(llama, cu.DynamicCache(config=cfg)), _filled(llama, cu.DynamicCache(config=cfg))
+        )
     raise ValueError(kind)
 
 
 KINDS = ["dynamic", "static", "sliding_dynamic", "sliding_static", "quantized_fp8", "encoder_decoder"]
-LAYERS = {"dynamic": {"DynamicLayer"}, "static": {"StaticLayer"},
-          "sliding_dynamic": {"DynamicSlidingWindowLayer", "DynamicLayer"},
-          "sliding_static": {"StaticSlidingWindowLayer", "StaticLayer"},
-          "quantized_fp8": {"Fp8QuantizedLayer"}, "encoder_decoder": {"DynamicLayer"}}
+LAYERS = {
+    "dynamic": {"DynamicLayer"},
+    "static": {"StaticLayer"},
+    "sliding_dynamic": {"DynamicSlidingWindowLayer", "DynamicLayer"},
+    "sliding_static": {"StaticSlidingWindowLayer", "StaticLayer"},
+    "quantized_fp8": {"Fp8QuantizedLayer"},
+    "encoder_decoder": {"DynamicLayer"},
+}
 
 
 def _tensors(cache):
@@ -81,7 +102,11 @@ def _tensors(cache):
 
 
 def _layer_kinds(cache):
-    caches = [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "cross_attention_cache") else [cache]
+    caches = (
+        [cache.self_attention_cache, cache.cross_attention_cache]
+        if hasattr(cache, "cross_attention_cache")
+        else [cache]
+    )
     return {type(layer).__name__ for c in caches for layer in c.layers}
 
 
@@ -165,7 +190,8 @@ class _KV:
 
 
 jax.tree_util.register_pytree_node(  # the way public tutorials register a type
-    _KV, lambda kv: ((kv.k, kv.v), kv.length), lambda length, kv: _KV(kv[0], kv[1], length))
+    _KV, lambda kv: ((kv.k, kv.v), kv.length), lambda length, kv: _KV(kv[0], kv[1], length)
+)
 
 
 def test_a_tutorial_style_jax_registration_works_with_every_conversion():

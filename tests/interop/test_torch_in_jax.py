@@ -12,8 +12,9 @@ import jaxtorch
 
 def _backbone():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
-                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()
+    ).eval()
 
 
 class Classifier(eqx.Module):
@@ -69,7 +70,9 @@ def test_finetuned_backbone_in_equinox_changes_backbone():
     model = Classifier(jaxtorch.torch_module_to_jax(_backbone()), eqx.nn.Linear(4, 2, key=jax.random.key(1)))
     trained, losses = _train(model, eqx.is_inexact_array)
     assert losses[-1] < losses[0]
-    assert not np.array_equal(np.asarray(trained.backbone.params["0.weight"]), np.asarray(model.backbone.params["0.weight"]))
+    assert not np.array_equal(
+        np.asarray(trained.backbone.params["0.weight"]), np.asarray(model.backbone.params["0.weight"])
+    )
 
 
 def test_one_xla_program_with_the_head():
@@ -148,15 +151,18 @@ def test_finetuned_backbone_in_flax_nnx_matches_torch_autograd():
     ref = torch.nn.Sequential(backbone, head)
     before = {k: np.asarray(v.get_value()) for k, v in model.backbone.items()}
     loss, grads = step(model, opt)
-    torch_loss = torch.nn.functional.cross_entropy(ref(torch.from_numpy(np.asarray(x))),
-                                                   torch.from_numpy(np.asarray(y)).long())
+    torch_loss = torch.nn.functional.cross_entropy(
+        ref(torch.from_numpy(np.asarray(x))), torch.from_numpy(np.asarray(y)).long()
+    )
     torch_loss.backward()
     np.testing.assert_allclose(float(loss), float(torch_loss), rtol=1e-5)
     for name, p in backbone.named_parameters():  # gradients reach the backbone, equal to torch's
-        np.testing.assert_allclose(np.asarray(grads["backbone"][name].get_value()), p.grad.numpy(),
-                                   rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(model.backbone[name].get_value()),
-                                   before[name] - 0.1 * p.grad.numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(grads["backbone"][name].get_value()), p.grad.numpy(), rtol=1e-4, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            np.asarray(model.backbone[name].get_value()), before[name] - 0.1 * p.grad.numpy(), rtol=1e-4, atol=1e-6
+        )
 
 
 def test_frozen_backbone_in_flax_linen():

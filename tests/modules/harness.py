@@ -50,8 +50,9 @@ def samples(info, training: bool, requires_grad: bool = False) -> list:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=requires_grad,
-                                         training=training)
+        inputs = info.module_inputs_func(
+            info, device="cpu", dtype=torch.float32, requires_grad=requires_grad, training=training
+        )
     return [s for s in inputs if s.forward_input is not None][:N_SAMPLES]
 
 
@@ -84,8 +85,9 @@ def _call(module, leaves, spec, pos, tensors):
 
 
 def _float_leaves(out) -> list[int]:
-    return [i for i, o in enumerate(pytree.tree_leaves(out))
-            if isinstance(o, torch.Tensor) and o.dtype.is_floating_point]
+    return [
+        i for i, o in enumerate(pytree.tree_leaves(out)) if isinstance(o, torch.Tensor) and o.dtype.is_floating_point
+    ]
 
 
 def run_sample(info, sample, training: bool, mode: str) -> None:
@@ -172,7 +174,7 @@ def _run_grad(module, ref_module, leaves, spec, pos, tensors) -> None:
 def run_entry(info, mode: str) -> tuple[bool | None, str]:
     """(passed, reason); passed is None when the entry has nothing to test."""
     n = 0
-    for training in ((True, False) if info.train_and_eval_differ else (True,)):
+    for training in (True, False) if info.train_and_eval_differ else (True,):
         for k, sample in enumerate(samples(info, training)):
             where = f"{'train' if training else 'eval'} sample {k}"
             try:
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     wanted = [w for w in args.modules.split(",") if w]
     infos = {k: v for k, v in entries().items() if not wanted or k in wanted}
-    for mode in (MODES if args.mode == "all" else (args.mode,)):
+    for mode in MODES if args.mode == "all" else (args.mode,):
         passed = failed = 0
         for name, info in infos.items():
             try:

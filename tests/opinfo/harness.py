@@ -22,7 +22,6 @@ Command line (prints failures with reasons):
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 from typing import Any
@@ -40,8 +39,20 @@ DTYPES = (torch.float32, torch.int64, torch.bool)
 N_SAMPLES = 4
 TOL = {"eager": 1e-3, "jit": 1e-3, "grad": 1e-2}
 
-_SKIP_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "empty", "uniform", "exponential",
-               "cauchy", "geometric", "log_normal", "poisson")
+_SKIP_WORDS = (
+    "rand",
+    "normal",
+    "bernoulli",
+    "dropout",
+    "multinomial",
+    "empty",
+    "uniform",
+    "exponential",
+    "cauchy",
+    "geometric",
+    "log_normal",
+    "poisson",
+)
 
 
 def entry_id(op) -> str:
@@ -129,8 +140,13 @@ def _compare(ref, got, tol: float, where: str = "out") -> None:
             if r_np.dtype == np.bool_:
                 ok = np.array_equal(r_np, g_arr)
             else:
-                ok = np.allclose(g_arr.astype(r_np.dtype) if _kind(r.dtype) != "float" else g_arr,
-                                 r_np, rtol=tol, atol=tol, equal_nan=True)
+                ok = np.allclose(
+                    g_arr.astype(r_np.dtype) if _kind(r.dtype) != "float" else g_arr,
+                    r_np,
+                    rtol=tol,
+                    atol=tol,
+                    equal_nan=True,
+                )
             if not ok:
                 err = np.max(np.abs(np.asarray(g_arr, dtype=np.complex128) - r_np)) if r_np.size else 0
                 raise AssertionError(f"{where}[{i}]: values differ (max abs err {err:.3g})")
@@ -197,8 +213,11 @@ def run_sample(op, sample, mode: str) -> None:
     inp, args, kwargs = pytree.tree_unflatten(full, spec)
     ref_out = _reference(op, inp, args, kwargs)
     ref_leaves = pytree.tree_leaves(ref_out)
-    grad_pos = [i for i, o in enumerate(ref_leaves) if isinstance(o, torch.Tensor) and o.dtype.is_floating_point
-                and o.requires_grad]  # outputs are paired with JAX's by leaf position
+    grad_pos = [
+        i
+        for i, o in enumerate(ref_leaves)
+        if isinstance(o, torch.Tensor) and o.dtype.is_floating_point and o.requires_grad
+    ]  # outputs are paired with JAX's by leaf position
     outs = [ref_leaves[i] for i in grad_pos]
     if not outs:
         return
@@ -275,8 +294,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default="", help="comma-separated entry ids or prefixes (name or name.variant)")
     ap.add_argument("--summary", action="store_true", help="print only counts")
     ap.add_argument("--traceback", action="store_true")
-    ap.add_argument("--expected-from-log", metavar="LOG",
-                    help="print expected-failures lines from the output of a previous run, and exit")
+    ap.add_argument(
+        "--expected-from-log",
+        metavar="LOG",
+        help="print expected-failures lines from the output of a previous run, and exit",
+    )
     args = ap.parse_args(argv)
     if args.expected_from_log:
         with open(args.expected_from_log) as f:
@@ -284,7 +306,11 @@ def main(argv=None) -> int:
         return 0
     modes = MODES if args.mode == "all" else (args.mode,)
     wanted = [w for w in args.ops.split(",") if w]
-    ops = [op for op in entries() if not wanted or any(entry_id(op) == w or entry_id(op).startswith(w + ".") or op.name == w for w in wanted)]
+    ops = [
+        op
+        for op in entries()
+        if not wanted or any(entry_id(op) == w or entry_id(op).startswith(w + ".") or op.name == w for w in wanted)
+    ]
     for mode in modes:
         passed = failed = na = 0
         for op in ops:
@@ -303,8 +329,10 @@ def main(argv=None) -> int:
                 if not args.summary:
                     print(f"FAIL {mode} {entry_id(op)}: {reason}", flush=True)
         total = passed + failed
-        print(f"{mode}: {passed}/{total} entries pass ({100 * passed / max(total, 1):.1f}%), {na} not applicable",
-              flush=True)
+        print(
+            f"{mode}: {passed}/{total} entries pass ({100 * passed / max(total, 1):.1f}%), {na} not applicable",
+            flush=True,
+        )
     return 0
 
 

@@ -204,12 +204,23 @@ def test_random_same_key_same_values_different_keys_differ(name):
     np.testing.assert_allclose(_np(ja), _np(a), rtol=1e-5, atol=1e-5)  # jit may reorder float math
 
 
-@pytest.mark.parametrize("name,dtype,shape", [
-    ("rand", torch.float32, (2, 3)), ("rand_bf16", torch.bfloat16, (5,)), ("randint", torch.int64, (50,)),
-    ("randperm", torch.int64, (20,)), ("randint_like", torch.float32, (8,)), ("multinomial", torch.int64, (2, 4)),
-    ("multinomial_replacement", torch.int64, (30,)), ("random_to", torch.int64, (16,)), ("bernoulli_", torch.float32, (32,)),
-    ("normal_tensor_tensor", torch.float32, (2, 8)), ("poisson", torch.float32, (16,)), ("dirichlet", torch.float32, (4, 3)),
-])
+@pytest.mark.parametrize(
+    "name,dtype,shape",
+    [
+        ("rand", torch.float32, (2, 3)),
+        ("rand_bf16", torch.bfloat16, (5,)),
+        ("randint", torch.int64, (50,)),
+        ("randperm", torch.int64, (20,)),
+        ("randint_like", torch.float32, (8,)),
+        ("multinomial", torch.int64, (2, 4)),
+        ("multinomial_replacement", torch.int64, (30,)),
+        ("random_to", torch.int64, (16,)),
+        ("bernoulli_", torch.float32, (32,)),
+        ("normal_tensor_tensor", torch.float32, (2, 8)),
+        ("poisson", torch.float32, (16,)),
+        ("dirichlet", torch.float32, (4, 3)),
+    ],
+)
 def test_random_dtypes_and_shapes(name, dtype, shape):
     with jaxtorch.default_env():
         t = RANDOM[name]()

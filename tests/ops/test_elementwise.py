@@ -52,61 +52,100 @@ FLOATS_B = torch.tensor([2.0, -4.0, 3.0, -2.0, 0.0, -0.5, 0.0, 3.0, 1.0])
 
 
 @pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("fn", [
-    lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-    lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    lambda a, b: torch.floor_divide(a, b),
-    lambda a, b: torch.remainder(a, b),
-    lambda a, b: torch.fmod(a, b),
-    lambda a, b: a % b,
-    lambda a, b: a // b,
-], ids=["trunc", "floor", "floor_divide", "remainder", "fmod", "mod_op", "floordiv_op"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+        lambda a, b: torch.div(a, b, rounding_mode="floor"),
+        lambda a, b: torch.floor_divide(a, b),
+        lambda a, b: torch.remainder(a, b),
+        lambda a, b: torch.fmod(a, b),
+        lambda a, b: a % b,
+        lambda a, b: a // b,
+    ],
+    ids=["trunc", "floor", "floor_divide", "remainder", "fmod", "mod_op", "floordiv_op"],
+)
 def test_integer_division_and_remainder_signs(fn, jit):
     _check(fn, INTS_A, INTS_B, jit=jit)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-    lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    lambda a, b: torch.remainder(a, b),
-    lambda a, b: torch.fmod(a, b),
-    lambda a, b: a / b,
-], ids=["trunc", "floor", "remainder", "fmod", "true_div"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+        lambda a, b: torch.div(a, b, rounding_mode="floor"),
+        lambda a, b: torch.remainder(a, b),
+        lambda a, b: torch.fmod(a, b),
+        lambda a, b: a / b,
+    ],
+    ids=["trunc", "floor", "remainder", "fmod", "true_div"],
+)
 def test_float_division_signs_zero_inf_nan(fn):
     _check(fn, FLOATS_A, FLOATS_B)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b,
-    lambda a, b: a / b, lambda a, b: torch.true_divide(a, b),
-    lambda a, b: a ** b.abs(), lambda a, b: torch.maximum(a, b),
-], ids=["add", "mul", "sub", "div", "true_divide", "pow", "maximum"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a * b,
+        lambda a, b: a - b,
+        lambda a, b: a / b,
+        lambda a, b: torch.true_divide(a, b),
+        lambda a, b: a ** b.abs(),
+        lambda a, b: torch.maximum(a, b),
+    ],
+    ids=["add", "mul", "sub", "div", "true_divide", "pow", "maximum"],
+)
 def test_int_int_promotion(fn):
     """int + int stays int64, int / int becomes float32."""
     _check(fn, INTS_A, INTS_B)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a | b, lambda a, b: a & b, lambda a, b: a ^ b,
-    lambda a, b: torch.logical_xor(a, b), lambda a, b: a == b, lambda a, b: ~a,
-    lambda a, b: a + 1, lambda a, b: a * 2.5, lambda a, b: a / b,
-], ids=["add", "mul", "or", "and", "xor", "logical_xor", "eq", "not", "add_int", "mul_float", "div"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a * b,
+        lambda a, b: a | b,
+        lambda a, b: a & b,
+        lambda a, b: a ^ b,
+        lambda a, b: torch.logical_xor(a, b),
+        lambda a, b: a == b,
+        lambda a, b: ~a,
+        lambda a, b: a + 1,
+        lambda a, b: a * 2.5,
+        lambda a, b: a / b,
+    ],
+    ids=["add", "mul", "or", "and", "xor", "logical_xor", "eq", "not", "add_int", "mul_float", "div"],
+)
 def test_bool_ops(fn):
     a = torch.tensor([True, True, False, False])
     b = torch.tensor([True, False, True, False])
     _check(fn, a, b)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x, s: x + s,
-    lambda x, s: x * s,
-    lambda x, s: s - x,
-    lambda x, s: x < s,
-    lambda x, s: x.float() + s,
-], ids=["add", "mul", "rsub", "lt", "float_plus_int0"])
-@pytest.mark.parametrize("dtypes", [(torch.int64, torch.float32), (torch.float32, torch.int64),
-                                    (torch.int32, torch.int64), (torch.bool, torch.int64),
-                                    (torch.float16, torch.float32)])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: x + s,
+        lambda x, s: x * s,
+        lambda x, s: s - x,
+        lambda x, s: x < s,
+        lambda x, s: x.float() + s,
+    ],
+    ids=["add", "mul", "rsub", "lt", "float_plus_int0"],
+)
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.int64, torch.float32),
+        (torch.float32, torch.int64),
+        (torch.int32, torch.int64),
+        (torch.bool, torch.int64),
+        (torch.float16, torch.float32),
+    ],
+)
 def test_zero_dim_vs_dimensioned(fn, dtypes):
     """A 0-dim tensor only lifts the category (int -> float), never the width within one."""
     x = torch.tensor([1, -2, 3]).to(dtypes[0])
@@ -115,13 +154,25 @@ def test_zero_dim_vs_dimensioned(fn, dtypes):
 
 
 @pytest.mark.parametrize("scalar", [2, 2.5, True, -3])
-@pytest.mark.parametrize("fn", [
-    lambda x, s: x + s, lambda x, s: x * s, lambda x, s: x - s, lambda x, s: s - x,
-    lambda x, s: x / s, lambda x, s: x // s if s != 0 else x, lambda x, s: x % s,
-    lambda x, s: x ** 2, lambda x, s: s ** x.abs(), lambda x, s: x == s, lambda x, s: x > s,
-    lambda x, s: torch.clamp(x, min=s), lambda x, s: torch.clamp(x, max=s),
-], ids=["add", "mul", "sub", "rsub", "div", "floordiv", "mod", "pow2", "rpow", "eq", "gt", "clamp_min",
-        "clamp_max"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: x + s,
+        lambda x, s: x * s,
+        lambda x, s: x - s,
+        lambda x, s: s - x,
+        lambda x, s: x / s,
+        lambda x, s: x // s if s != 0 else x,
+        lambda x, s: x % s,
+        lambda x, s: x**2,
+        lambda x, s: s ** x.abs(),
+        lambda x, s: x == s,
+        lambda x, s: x > s,
+        lambda x, s: torch.clamp(x, min=s),
+        lambda x, s: torch.clamp(x, max=s),
+    ],
+    ids=["add", "mul", "sub", "rsub", "div", "floordiv", "mod", "pow2", "rpow", "eq", "gt", "clamp_min", "clamp_max"],
+)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.int16])
 def test_python_scalars(fn, scalar, dtype):
     """Python scalars promote only across categories (int tensor * 2.5 -> float32)."""
@@ -149,10 +200,16 @@ def test_scalar_base_pow():
     _check(lambda e: torch.pow(2, e), torch.tensor([0.5, 1.0, -1.0]))
 
 
-@pytest.mark.parametrize("fn", [
-    lambda a, b: torch.bitwise_left_shift(a, b), lambda a, b: torch.bitwise_right_shift(a, b),
-    lambda a, b: a << 3, lambda a, b: a >> 3,
-], ids=["lshift", "rshift", "lshift_scalar", "rshift_scalar"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: torch.bitwise_left_shift(a, b),
+        lambda a, b: torch.bitwise_right_shift(a, b),
+        lambda a, b: a << 3,
+        lambda a, b: a >> 3,
+    ],
+    ids=["lshift", "rshift", "lshift_scalar", "rshift_scalar"],
+)
 def test_shifts(fn):
     a = torch.tensor([-16, -1, 1, 5, 1024], dtype=torch.int32)
     b = torch.tensor([1, 2, 31, -1, 40], dtype=torch.int32)
@@ -166,22 +223,64 @@ def test_shifts_uint8():
     _check(torch.bitwise_right_shift, a, b)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x: torch.round(x), lambda x: torch.round(x, decimals=1), lambda x: torch.round(x, decimals=-1),
-    lambda x: torch.sign(x), lambda x: torch.signbit(x), lambda x: torch.nan_to_num(x),
-    lambda x: torch.nan_to_num(x, nan=1.0, posinf=2.0), lambda x: torch.clamp(x, -1.0, 1.0),
-    lambda x: torch.clamp(x, 2.0, 1.0), lambda x: torch.frac(x), lambda x: torch.isposinf(x),
-    lambda x: torch.isfinite(x), lambda x: torch.sgn(x), lambda x: torch.angle(x),
-], ids=["round", "round1", "round-1", "sign", "signbit", "nan_to_num", "nan_to_num_args", "clamp",
-        "clamp_min_gt_max", "frac", "isposinf", "isfinite", "sgn", "angle"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.round(x),
+        lambda x: torch.round(x, decimals=1),
+        lambda x: torch.round(x, decimals=-1),
+        lambda x: torch.sign(x),
+        lambda x: torch.signbit(x),
+        lambda x: torch.nan_to_num(x),
+        lambda x: torch.nan_to_num(x, nan=1.0, posinf=2.0),
+        lambda x: torch.clamp(x, -1.0, 1.0),
+        lambda x: torch.clamp(x, 2.0, 1.0),
+        lambda x: torch.frac(x),
+        lambda x: torch.isposinf(x),
+        lambda x: torch.isfinite(x),
+        lambda x: torch.sgn(x),
+        lambda x: torch.angle(x),
+    ],
+    ids=[
+        "round",
+        "round1",
+        "round-1",
+        "sign",
+        "signbit",
+        "nan_to_num",
+        "nan_to_num_args",
+        "clamp",
+        "clamp_min_gt_max",
+        "frac",
+        "isposinf",
+        "isfinite",
+        "sgn",
+        "angle",
+    ],
+)
 def test_unary_special_values(fn):
     x = torch.tensor([0.5, 1.5, 2.5, -0.5, -0.0, 0.0, 14.0, -15.0, float("inf"), -float("inf"), float("nan")])
     _check(fn, x)
 
 
-@pytest.mark.parametrize("fn", [torch.round, torch.floor, torch.ceil, torch.trunc, torch.sign, torch.abs,
-                                torch.isnan, torch.isinf, torch.signbit, torch.square, torch.angle,
-                                torch.sqrt, torch.sigmoid])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.round,
+        torch.floor,
+        torch.ceil,
+        torch.trunc,
+        torch.sign,
+        torch.abs,
+        torch.isnan,
+        torch.isinf,
+        torch.signbit,
+        torch.square,
+        torch.angle,
+        torch.sqrt,
+        torch.sigmoid,
+    ],
+)
 def test_unary_on_integers(fn):
     _check(fn, torch.tensor([-3, 0, 4]))
 
@@ -205,13 +304,17 @@ def test_clamp_gradient_at_bounds_goes_to_input():
     x = torch.tensor([-1.0, 0.0, 0.5, 1.0, 2.0], requires_grad=True)
     torch.clamp(x, 0.0, 1.0).sum().backward()
     g = jax.grad(lambda a: jaxtorch.call_torch(lambda t: torch.clamp(t, 0.0, 1.0).sum(), a))(
-        jnp.array([-1.0, 0.0, 0.5, 1.0, 2.0]))
+        jnp.array([-1.0, 0.0, 0.5, 1.0, 2.0])
+    )
     np.testing.assert_array_equal(np.asarray(g), x.grad.numpy())
 
 
 def test_sinc_xlogy_gradients_finite_at_zero():
-    for fn in (lambda t: torch.sinc(t).sum(), lambda t: torch.xlogy(t, torch.tensor([0.0, 0.5, 2.0])).sum(),
-               lambda t: torch.special.xlog1py(t, torch.tensor([-1.0, 0.5, 2.0])).sum()):
+    for fn in (
+        lambda t: torch.sinc(t).sum(),
+        lambda t: torch.xlogy(t, torch.tensor([0.0, 0.5, 2.0])).sum(),
+        lambda t: torch.special.xlog1py(t, torch.tensor([-1.0, 0.5, 2.0])).sum(),
+    ):
         x = torch.tensor([0.0, 0.5, 2.0], requires_grad=True)
         fn(x).backward()
         g = jax.grad(lambda a: jaxtorch.call_torch(fn, a))(jnp.array([0.0, 0.5, 2.0]))
@@ -285,7 +388,7 @@ _CAST_REFUSED = "can't be cast to the desired output type"
 _CAST_NOT_CHECKED = {
     "ldexp": "ldexp_ runs torch's decomposition, whose mul_ result is already cast",
     "polygamma": "polygamma_(n) has no functional sibling with its argument order (polygamma(n, self)): torch's "
-                 "decomposition runs it, and the result is cast",
+    "decomposition runs it, and the result is cast",
 }
 
 
@@ -310,19 +413,25 @@ def test_in_place_result_type_rule_matches_cpu(dtype):
         except Exception:  # noqa: BLE001  (no samples for this dtype)
             continue
         for s in samples:
+
             def run(device):
                 """True: refused the cast; False: ran; None: another error (not this rule)."""
+
                 def move(v):
                     if isinstance(v, torch.Tensor):
                         return v.to(device)
                     return type(v)(move(w) for w in v) if isinstance(v, (list, tuple)) else v
 
                 try:
-                    op.inplace_variant(s.input.clone().to(device), *[move(a) for a in s.args],
-                                       **{k: move(v) for k, v in s.kwargs.items()})
+                    op.inplace_variant(
+                        s.input.clone().to(device),
+                        *[move(a) for a in s.args],
+                        **{k: move(v) for k, v in s.kwargs.items()},
+                    )
                 except Exception as e:  # noqa: BLE001
                     return True if _CAST_REFUSED in str(e) else None
                 return False
+
             cpu = run("cpu")
             if cpu is None:  # torch refuses this sample for another reason
                 continue

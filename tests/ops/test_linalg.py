@@ -9,7 +9,6 @@ decompositions (against torch.autograd), and FFT norms and round trips, eagerly 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -51,8 +50,10 @@ def spd(n, batch=()):
 
 
 # ---- matmuls -----------------------------------------------------------------------------
-@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (2, 4, 5)),
-                                   ((2, 1, 3, 4), (5, 4, 6)), ((3, 4), (4,)), ((4,), (4,))])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 6)), ((3, 4), (4,)), ((4,), (4,))],
+)
 def test_matmul_broadcasting(sa, sb):
     check(torch.matmul, torch.randn(sa), torch.randn(sb))
 
@@ -74,8 +75,7 @@ def test_addmm_beta_zero_ignores_nan():
 
 
 def test_addmm_broadcasts_input():
-    check(lambda i, a, b: torch.addmm(i, a, b, beta=2, alpha=0.5), torch.randn(5), torch.randn(3, 4),
-          torch.randn(4, 5))
+    check(lambda i, a, b: torch.addmm(i, a, b, beta=2, alpha=0.5), torch.randn(5), torch.randn(3, 4), torch.randn(4, 5))
 
 
 def test_int_matmul_keeps_int64():
@@ -94,10 +94,18 @@ def test_int_addmm_casts_scalars_like_aten():
 
 
 def test_bool_addr():
-    check(lambda i, a, b: torch.addr(i, a, b, beta=False), torch.zeros(3, 4, dtype=torch.bool),
-          torch.tensor([True, False, True]), torch.tensor([True, True, False, False]))
-    check(lambda i, a, b: torch.addr(i, a, b), torch.eye(3, 4, dtype=torch.bool),
-          torch.tensor([False, False, True]), torch.tensor([True, True, False, True]))
+    check(
+        lambda i, a, b: torch.addr(i, a, b, beta=False),
+        torch.zeros(3, 4, dtype=torch.bool),
+        torch.tensor([True, False, True]),
+        torch.tensor([True, True, False, False]),
+    )
+    check(
+        lambda i, a, b: torch.addr(i, a, b),
+        torch.eye(3, 4, dtype=torch.bool),
+        torch.tensor([False, False, True]),
+        torch.tensor([True, True, False, True]),
+    )
 
 
 def test_dot_vdot_outer_inner():
@@ -110,17 +118,20 @@ def test_dot_vdot_outer_inner():
     check(torch.vdot, ca, cb)
 
 
-@pytest.mark.parametrize("eq,shapes", [
-    ("ij,jk->ik", [(3, 4), (4, 5)]),
-    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
-    ("ii->i", [(4, 4)]),
-    ("ii", [(4, 4)]),
-    ("i,j->ij", [(3,), (4,)]),
-    ("...ij,...jk", [(2, 3, 4), (4, 5)]),
-    ("bhqd,bhkd->bhqk", [(2, 3, 5, 4), (2, 3, 6, 4)]),
-    ("ij->ji", [(3, 4)]),
-    ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 6)]),
-])
+@pytest.mark.parametrize(
+    "eq,shapes",
+    [
+        ("ij,jk->ik", [(3, 4), (4, 5)]),
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+        ("ii->i", [(4, 4)]),
+        ("ii", [(4, 4)]),
+        ("i,j->ij", [(3,), (4,)]),
+        ("...ij,...jk", [(2, 3, 4), (4, 5)]),
+        ("bhqd,bhkd->bhqk", [(2, 3, 5, 4), (2, 3, 6, 4)]),
+        ("ij->ji", [(3, 4)]),
+        ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 6)]),
+    ],
+)
 def test_einsum_forms(eq, shapes):
     ts = [torch.randn(s) for s in shapes]
     check(lambda *t: torch.einsum(eq, *t), *ts)
@@ -141,8 +152,8 @@ def test_matmul_grad():
 # ---- decompositions and solves -------------------------------------------------------
 def test_solve_vector_and_right_side():
     a = torch.randn(2, 4, 4) + 4 * torch.eye(4)
-    check(torch.linalg.solve, a, torch.randn(2, 4))        # batch of vectors
-    check(torch.linalg.solve, a, torch.randn(4, 3))        # broadcast rhs
+    check(torch.linalg.solve, a, torch.randn(2, 4))  # batch of vectors
+    check(torch.linalg.solve, a, torch.randn(4, 3))  # broadcast rhs
     check(lambda a, b: torch.linalg.solve(a, b, left=False), a, torch.randn(3, 4))
     check_grad(lambda x: torch.linalg.solve(x, torch.ones(4, 2)), a)
 
@@ -180,10 +191,10 @@ def test_lu_family_round_trip():
     check(torch.linalg.lu, a)
     check(lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a)), a)
     check(lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b), a, torch.randn(5, 2), tol=1e-3)
-    check(lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, adjoint=True), a, torch.randn(5, 2),
-          tol=1e-3)
-    check(lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False), a, torch.randn(2, 5),
-          tol=1e-3)
+    check(
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, adjoint=True), a, torch.randn(5, 2), tol=1e-3
+    )
+    check(lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False), a, torch.randn(2, 5), tol=1e-3)
 
 
 def test_qr_svd_modes():

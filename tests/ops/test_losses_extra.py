@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from ._compare import check, compare, to_jax
-
 import jaxtorch
+
+from ._compare import check, compare, to_jax
 
 F = torch.nn.functional
 aten = torch.ops.aten
@@ -47,8 +47,14 @@ def _grad_check(fn, *tensors, argnum=0, tol=1e-4):
 def test_multi_margin_loss(p, reduction, weighted):
     torch.manual_seed(0)
     x, y, w = torch.randn(6, 5), torch.randint(0, 5, (6,)), torch.rand(5)
-    fn = lambda x, y, w: F.multi_margin_loss(x, y, p=p, margin=0.7, weight=w if weighted else None,  # noqa: E731
-                                             reduction=reduction)
+    fn = lambda x, y, w: F.multi_margin_loss(
+        x,
+        y,
+        p=p,
+        margin=0.7,
+        weight=w if weighted else None,  # noqa: E731
+        reduction=reduction,
+    )
     check(fn, x, y, w, tol=1e-5)
     _grad_check(fn, x, y, w)
 
@@ -129,7 +135,7 @@ def test_ctc_loss_log_alpha_and_backward_op():
     compare(ref_nll, nll, 1e-4)
     assert alpha.shape == tuple(ref_alpha.shape)
     for n in range(3):  # defined entries: t < input_length, s <= 2 * target_length
-        compare(ref_alpha[n, :il[n], :2 * tl[n] + 1], alpha[n, :il[n], :2 * tl[n] + 1], 1e-4)
+        compare(ref_alpha[n, : il[n], : 2 * tl[n] + 1], alpha[n, : il[n], : 2 * tl[n] + 1], 1e-4)
 
     def fn(lp, t):
         lp = lp.clone().requires_grad_()
@@ -146,8 +152,16 @@ def test_linear_cross_entropy_chunked(reduction):
     x, w, b, cw = torch.randn(7, 4), torch.randn(6, 4), torch.randn(6), torch.rand(6)
     y = torch.tensor([0, 5, 2, -100, 3, 3, 1])
     opts = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2, allow_retain_graph=True)
-    fn = lambda x, w, b, y, cw: F.linear_cross_entropy(x, w, y, linear_bias=b, weight=cw,  # noqa: E731
-                                                       reduction=reduction, ignore_index=-100, options=opts)
+    fn = lambda x, w, b, y, cw: F.linear_cross_entropy(
+        x,
+        w,
+        y,
+        linear_bias=b,
+        weight=cw,  # noqa: E731
+        reduction=reduction,
+        ignore_index=-100,
+        options=opts,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when it leaves the chunked custom op
         check(fn, x, w, b, y, cw, tol=1e-5)
@@ -162,8 +176,23 @@ def test_linear_cross_entropy_chunked_grads_output():
     torch.manual_seed(0)
     x, w, b, y = torch.randn(5, 3), torch.randn(4, 3), torch.randn(4), torch.tensor([0, 3, -100, 1, 1])
     op = torch.ops.torch_nn._linear_cross_entropy_batch_chunked.default
-    fn = lambda x, w, b, y: op(x, w, y, b, None, "mean", -100, 0.0, 2, "none", torch.float32,  # noqa: E731
-                               True, True, True, True)
+    fn = lambda x, w, b, y: op(
+        x,
+        w,
+        y,
+        b,
+        None,
+        "mean",
+        -100,
+        0.0,
+        2,
+        "none",
+        torch.float32,  # noqa: E731
+        True,
+        True,
+        True,
+        True,
+    )
     check(fn, x, w, b, y, tol=1e-5)
 
 
@@ -214,8 +243,9 @@ def test_embedding_bag_backward_ops_on_jax_device(mode):
         w = w.clone().requires_grad_()
         p = p.clone().requires_grad_() if mode == "sum" else None
         out = F.embedding_bag(i, w, o, mode=mode, per_sample_weights=p, padding_idx=4)
-        grads = torch.autograd.grad((out * torch.arange(out.numel()).reshape(out.shape)).sum(),
-                                    [w] if p is None else [w, p])
+        grads = torch.autograd.grad(
+            (out * torch.arange(out.numel()).reshape(out.shape)).sum(), [w] if p is None else [w, p]
+        )
         return tuple(grads)
 
     check(fn, w, _IDX, _OFF, psw, jit=False, tol=1e-5)
@@ -248,8 +278,9 @@ def test_rrelu_training_draws_slopes_and_records_noise():
     assert len(np.unique(noise[neg])) > 1
     np.testing.assert_allclose(y, x * noise, rtol=1e-6)
     np.testing.assert_allclose(g, noise, rtol=1e-6)
-    jg = jax.grad(lambda x: jaxtorch.call_torch(lambda t: F.rrelu(t, 0.1, 0.4, training=True), x,
-                                                rng=jax.random.key(0)).sum())(jnp_x)
+    jg = jax.grad(
+        lambda x: jaxtorch.call_torch(lambda t: F.rrelu(t, 0.1, 0.4, training=True), x, rng=jax.random.key(0)).sum()
+    )(jnp_x)
     assert np.all((np.asarray(jg)[neg] >= 0.1) & (np.asarray(jg)[neg] < 0.4)) and np.all(np.asarray(jg)[~neg] == 1)
 
 
@@ -293,8 +324,12 @@ def _xent_cases():
     t2 = torch.tensor([0, 4, -100, 2, 1, 3])
     t3 = torch.randint(0, 5, (3, 4))
     t3[0, 0] = -100
-    return {"rows": (torch.randn(6, 5), t2), "spatial": (torch.randn(3, 5, 4), t3),
-            "unbatched": (torch.randn(5), torch.tensor(2)), "probabilities": (torch.randn(6, 5), torch.rand(6, 5).softmax(1))}
+    return {
+        "rows": (torch.randn(6, 5), t2),
+        "spatial": (torch.randn(3, 5, 4), t3),
+        "unbatched": (torch.randn(5), torch.tensor(2)),
+        "probabilities": (torch.randn(6, 5), torch.rand(6, 5).softmax(1)),
+    }
 
 
 @pytest.mark.parametrize("case", ["rows", "spatial", "unbatched", "probabilities"])
@@ -304,8 +339,13 @@ def _xent_cases():
 def test_cross_entropy(case, reduction, weighted, smoothing):
     x, y = _xent_cases()[case]
     w = torch.rand(5) + 0.1
-    fn = lambda x, y, w: F.cross_entropy(x, y, weight=w if weighted else None, reduction=reduction,  # noqa: E731
-                                         label_smoothing=smoothing)
+    fn = lambda x, y, w: F.cross_entropy(
+        x,
+        y,
+        weight=w if weighted else None,
+        reduction=reduction,  # noqa: E731
+        label_smoothing=smoothing,
+    )
     check(fn, x, y, w, tol=1e-5)
     _grad_check(fn, x, y, w, tol=1e-5)
 
@@ -356,8 +396,9 @@ def test_language_model_train_step_keeps_one_logit_sized_buffer():
 
     from jaxtorch.train import make_train_step
 
-    cfg = transformers.GPT2Config(vocab_size=4096, n_positions=64, n_embd=64, n_layer=2, n_head=2,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = transformers.GPT2Config(
+        vocab_size=4096, n_positions=64, n_embd=64, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).train()
     ids = to_jax(torch.randint(0, 4096, (4, 64)))

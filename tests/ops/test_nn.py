@@ -68,30 +68,43 @@ def _grad_check(fn, *tensors, tol=1e-4):
 
 
 # ---- convolution ------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", [
-    dict(dim=1, stride=2, padding=1, dilation=1, groups=1),
-    dict(dim=2, stride=1, padding="same", dilation=2, groups=1),
-    dict(dim=2, stride=(2, 1), padding=(1, 0), dilation=1, groups=2),
-    dict(dim=3, stride=1, padding=1, dilation=1, groups=1),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(dim=1, stride=2, padding=1, dilation=1, groups=1),
+        dict(dim=2, stride=1, padding="same", dilation=2, groups=1),
+        dict(dim=2, stride=(2, 1), padding=(1, 0), dilation=1, groups=2),
+        dict(dim=3, stride=1, padding=1, dilation=1, groups=1),
+    ],
+)
 def test_conv(case):
     d, g = case["dim"], case["groups"]
     x = torch.randn((2, 4) + (7,) * d)
     w = torch.randn((6, 4 // g) + (3,) * d)
     b = torch.randn(6)
     conv = getattr(F, f"conv{d}d")
-    fn = lambda x, w, b: conv(x, w, b, stride=case["stride"], padding=case["padding"],  # noqa: E731
-                              dilation=case["dilation"], groups=g)
+    fn = lambda x, w, b: conv(
+        x,
+        w,
+        b,
+        stride=case["stride"],
+        padding=case["padding"],  # noqa: E731
+        dilation=case["dilation"],
+        groups=g,
+    )
     _both(fn, x, w, b, tol=1e-4)
     _grad_check(fn, x, w, b, tol=1e-3)
 
 
-@pytest.mark.parametrize("case", [
-    dict(dim=1, mult=2, stride=2, padding=2, dilation=1, k=5),
-    dict(dim=2, mult=1, stride=(2, 1), padding=(1, 0), dilation=(1, 2), k=3),
-    dict(dim=2, mult=3, stride=1, padding="same", dilation=1, k=7),
-    dict(dim=3, mult=1, stride=1, padding=1, dilation=1, k=3),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(dim=1, mult=2, stride=2, padding=2, dilation=1, k=5),
+        dict(dim=2, mult=1, stride=(2, 1), padding=(1, 0), dilation=(1, 2), k=3),
+        dict(dim=2, mult=3, stride=1, padding="same", dilation=1, k=7),
+        dict(dim=3, mult=1, stride=1, padding=1, dilation=1, k=3),
+    ],
+)
 def test_depthwise_conv(case):
     """groups == input channels (with a channel multiplier): lowered as a sum of shifted slices."""
     d, c = case["dim"], 4
@@ -99,8 +112,15 @@ def test_depthwise_conv(case):
     w = torch.randn((c * case["mult"], 1) + (case["k"],) * d)
     b = torch.randn(c * case["mult"])
     conv = getattr(F, f"conv{d}d")
-    fn = lambda x, w, b: conv(x, w, b, stride=case["stride"], padding=case["padding"],  # noqa: E731
-                              dilation=case["dilation"], groups=c)
+    fn = lambda x, w, b: conv(
+        x,
+        w,
+        b,
+        stride=case["stride"],
+        padding=case["padding"],  # noqa: E731
+        dilation=case["dilation"],
+        groups=c,
+    )
     _both(fn, x, w, b, tol=1e-4)
     _grad_check(fn, x, w, b, tol=1e-4)
     # bfloat16 accumulates in float32, as torch's CPU kernel does
@@ -122,18 +142,28 @@ def test_conv_transpose(dim, groups, output_padding):
     x = torch.randn((2, 4) + (5,) * dim)
     w = torch.randn((4, 6 // groups) + (3,) * dim)
     conv = getattr(F, f"conv_transpose{dim}d")
-    fn = lambda x, w: conv(x, w, stride=2, padding=1, output_padding=output_padding, groups=groups,  # noqa: E731
-                           dilation=1)
+    fn = lambda x, w: conv(
+        x,
+        w,
+        stride=2,
+        padding=1,
+        output_padding=output_padding,
+        groups=groups,  # noqa: E731
+        dilation=1,
+    )
     _both(fn, x, w, tol=1e-4)
     _grad_check(fn, x, w, tol=1e-3)
 
 
 # ---- pooling ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw", [
-    dict(kernel_size=2),
-    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
-    dict(kernel_size=3, stride=2, padding=1, dilation=2),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(kernel_size=2),
+        dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+        dict(kernel_size=3, stride=2, padding=1, dilation=2),
+    ],
+)
 def test_max_pool2d_with_indices(kw):
     x = torch.randn(2, 3, 9, 8)
     x[0, 0, 0, :3] = float("nan")
@@ -146,11 +176,14 @@ def test_max_pool_1d_3d():
     _both(lambda x: F.max_pool3d(x, 2, ceil_mode=True, return_indices=True), torch.randn(1, 2, 5, 5, 5))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=True),
-    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
-    dict(kernel_size=2, divisor_override=3),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=True),
+        dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+        dict(kernel_size=2, divisor_override=3),
+    ],
+)
 def test_avg_pool2d(kw):
     x = torch.randn(2, 3, 9, 8)
     _both(lambda x: F.avg_pool2d(x, **kw), x)
@@ -205,20 +238,43 @@ def test_batchnorm_running_stats_through_extract():
 
 def test_softmax_half_computes_in_float32():
     x = (torch.randn(4, 50) * 8).to(torch.bfloat16)
-    for fn in (lambda x: F.softmax(x, -1), lambda x: F.log_softmax(x, -1),
-               lambda x: F.softmax(x, -1, dtype=torch.float32)):
+    for fn in (
+        lambda x: F.softmax(x, -1),
+        lambda x: F.log_softmax(x, -1),
+        lambda x: F.softmax(x, -1, dtype=torch.float32),
+    ):
         ref = fn(x).float()
-        got = np.asarray(jaxtorch.call_torch(fn, jnp.asarray(x.float().numpy()).astype(jnp.bfloat16)).astype(jnp.float32))
+        got = np.asarray(
+            jaxtorch.call_torch(fn, jnp.asarray(x.float().numpy()).astype(jnp.bfloat16)).astype(jnp.float32)
+        )
         np.testing.assert_allclose(got, ref.numpy(), rtol=1e-2, atol=1e-2)
 
 
 # ---- activations ------------------------------------------------------------------------------
-@pytest.mark.parametrize("fn", [
-    lambda x: F.gelu(x), lambda x: F.gelu(x, approximate="tanh"), F.silu, F.mish, F.hardswish, F.hardsigmoid,
-    F.elu, lambda x: F.celu(x, 0.7), F.selu, lambda x: F.leaky_relu(x, 0.2), F.relu, F.relu6,
-    lambda x: F.hardtanh(x, -0.5, 0.7), lambda x: F.threshold(x, 0.1, -2.0), lambda x: F.glu(x, 1),
-    F.logsigmoid, lambda x: F.softplus(x, 2.0, 3.0), lambda x: F.prelu(x, torch.tensor([0.1, 0.2, 0.3, 0.4], device=x.device)),
-], ids=lambda f: getattr(f, "__name__", "lambda"))
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.gelu(x),
+        lambda x: F.gelu(x, approximate="tanh"),
+        F.silu,
+        F.mish,
+        F.hardswish,
+        F.hardsigmoid,
+        F.elu,
+        lambda x: F.celu(x, 0.7),
+        F.selu,
+        lambda x: F.leaky_relu(x, 0.2),
+        F.relu,
+        F.relu6,
+        lambda x: F.hardtanh(x, -0.5, 0.7),
+        lambda x: F.threshold(x, 0.1, -2.0),
+        lambda x: F.glu(x, 1),
+        F.logsigmoid,
+        lambda x: F.softplus(x, 2.0, 3.0),
+        lambda x: F.prelu(x, torch.tensor([0.1, 0.2, 0.3, 0.4], device=x.device)),
+    ],
+    ids=lambda f: getattr(f, "__name__", "lambda"),
+)
 def test_activation_forward_grad_and_device_backward(fn):
     x = torch.randn(3, 4, 6) * 3
     _both(fn, x)
@@ -264,17 +320,33 @@ def test_regression_losses(reduction):
         (lambda a, b: F.smooth_l1_loss(a, b, reduction=reduction, beta=0.5), x, y),
         (lambda a, b: F.huber_loss(a, b, reduction=reduction, delta=0.7), x, y),
         (lambda a, b: F.binary_cross_entropy(a, b, reduction=reduction), p, q),
-        (lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction=reduction, pos_weight=torch.ones(7) * 2), x, q),
-        (lambda a, b: F.kl_div(F.log_softmax(a, -1), b, reduction="batchmean" if reduction == "mean" else reduction),
-         x, q),
+        (
+            lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction=reduction, pos_weight=torch.ones(7) * 2),
+            x,
+            q,
+        ),
+        (
+            lambda a, b: F.kl_div(F.log_softmax(a, -1), b, reduction="batchmean" if reduction == "mean" else reduction),
+            x,
+            q,
+        ),
     ]:
         _both(fn, a, b)
         _grad_check(fn, a, b)
 
 
 # ---- resampling -------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode,align", [("nearest", None), ("nearest-exact", None), ("bilinear", False),
-                                        ("bilinear", True), ("bicubic", False), ("bicubic", True)])
+@pytest.mark.parametrize(
+    "mode,align",
+    [
+        ("nearest", None),
+        ("nearest-exact", None),
+        ("bilinear", False),
+        ("bilinear", True),
+        ("bicubic", False),
+        ("bicubic", True),
+    ],
+)
 def test_interpolate(mode, align):
     x = torch.randn(2, 3, 5, 7)
     for kw in (dict(size=(8, 11)), dict(scale_factor=1.5), dict(size=(3, 4))):
@@ -381,9 +453,15 @@ class SmallCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True),
-            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
-            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d((1, 1)))
+            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(inplace=True),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d((1, 1)),
+        )
         self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(16, 10))
 
     def forward(self, x):
@@ -423,8 +501,9 @@ def test_cnn_train_on_jax_device_backward():
         assert abs(lj.item() - loss.item()) < 1e-5
         for (name, p), pj in zip(m.named_parameters(), mj.parameters()):
             np.testing.assert_allclose(pj.grad.cpu().numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
-        np.testing.assert_allclose(mj.features[1].running_var.cpu().numpy(), m.features[1].running_var.numpy(),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            mj.features[1].running_var.cpu().numpy(), m.features[1].running_var.numpy(), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_cnn_train_mode_dropout_under_jit_needs_and_uses_rng():

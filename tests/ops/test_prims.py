@@ -48,15 +48,52 @@ def _rand(*shape, lo=-3.0, hi=3.0):
 
 # ---- elementwise -------------------------------------------------------------------------
 UNARY = {
-    "abs": None, "acos": (-1, 1), "acosh": (1, 4), "asin": (-1, 1), "asinh": None, "atan": None,
-    "atanh": (-0.99, 0.99), "cos": None, "cosh": None, "sin": None, "sinh": None, "tan": (-1.4, 1.4),
-    "tanh": None, "exp": None, "exp2": None, "expm1": None, "log": (0.01, 5), "log1p": (-0.9, 5),
-    "log2": (0.01, 5), "log10": (0.01, 5), "sqrt": (0, 5), "rsqrt": (0.1, 5), "cbrt": None,
-    "reciprocal": (0.1, 3), "erf": None, "erfc": None, "erf_inv": (-0.99, 0.99), "erfcx": (-2, 8),
-    "lgamma": (0.1, 6), "digamma": (0.1, 6), "ndtri": (0.01, 0.99), "bessel_i0": None,
-    "bessel_i0e": None, "bessel_i1": None, "bessel_i1e": None, "bessel_j0": (-30, 30),
-    "bessel_j1": (-30, 30), "spherical_bessel_j0": (-20, 20), "neg": None, "sign": None,
-    "signbit": None, "isfinite": None, "floor": None, "ceil": None, "trunc": None, "round": None,
+    "abs": None,
+    "acos": (-1, 1),
+    "acosh": (1, 4),
+    "asin": (-1, 1),
+    "asinh": None,
+    "atan": None,
+    "atanh": (-0.99, 0.99),
+    "cos": None,
+    "cosh": None,
+    "sin": None,
+    "sinh": None,
+    "tan": (-1.4, 1.4),
+    "tanh": None,
+    "exp": None,
+    "exp2": None,
+    "expm1": None,
+    "log": (0.01, 5),
+    "log1p": (-0.9, 5),
+    "log2": (0.01, 5),
+    "log10": (0.01, 5),
+    "sqrt": (0, 5),
+    "rsqrt": (0.1, 5),
+    "cbrt": None,
+    "reciprocal": (0.1, 3),
+    "erf": None,
+    "erfc": None,
+    "erf_inv": (-0.99, 0.99),
+    "erfcx": (-2, 8),
+    "lgamma": (0.1, 6),
+    "digamma": (0.1, 6),
+    "ndtri": (0.01, 0.99),
+    "bessel_i0": None,
+    "bessel_i0e": None,
+    "bessel_i1": None,
+    "bessel_i1e": None,
+    "bessel_j0": (-30, 30),
+    "bessel_j1": (-30, 30),
+    "spherical_bessel_j0": (-20, 20),
+    "neg": None,
+    "sign": None,
+    "signbit": None,
+    "isfinite": None,
+    "floor": None,
+    "ceil": None,
+    "trunc": None,
+    "round": None,
 }
 
 
@@ -98,8 +135,28 @@ def test_unary_integer_and_bool():
     _check(*_both(lambda t: P.sin(t), i), rtol=1e-5, atol=1e-6)  # the CPU prim returns float
 
 
-BINARY_FLOAT = ["add", "sub", "mul", "div", "fmod", "remainder", "atan2", "hypot", "nextafter",
-                "maximum", "minimum", "fmax", "fmin", "eq", "ne", "lt", "le", "gt", "ge", "pow"]
+BINARY_FLOAT = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "fmod",
+    "remainder",
+    "atan2",
+    "hypot",
+    "nextafter",
+    "maximum",
+    "minimum",
+    "fmax",
+    "fmin",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "pow",
+]
 
 
 @pytest.mark.parametrize("name", BINARY_FLOAT)
@@ -114,9 +171,28 @@ def test_binary_float(name):
     _check(*_both(lambda x, y: op(x, y), a, b))
 
 
-@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "fmod", "remainder", "maximum", "minimum",
-                                  "bitwise_and", "bitwise_or", "bitwise_xor", "gcd", "eq", "lt", "ge",
-                                  "shift_left", "shift_right_arithmetic"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "fmod",
+        "remainder",
+        "maximum",
+        "minimum",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "gcd",
+        "eq",
+        "lt",
+        "ge",
+        "shift_left",
+        "shift_right_arithmetic",
+    ],
+)
 def test_binary_int(name):
     a = torch.tensor([-7, 7, -8, 9, 0, 13])
     b = torch.tensor([2, -2, 3, -4, 5, 1])
@@ -200,8 +276,14 @@ def test_view_prims_alias_their_input():
 
 def test_view_prims_are_views():
     x = JaxTensor(jnp.ones((2, 3)))
-    views = [P.view_of(x), P.collapse_view(x, 0, 1), P.split_dim(x, 1, 3), P.transpose(x, [1, 0]),
-             P.broadcast_in_dim(x, [4, 2, 3], [1, 2]), P.squeeze(P.broadcast_in_dim(x, [1, 2, 3], [1, 2]), [0])]
+    views = [
+        P.view_of(x),
+        P.collapse_view(x, 0, 1),
+        P.split_dim(x, 1, 3),
+        P.transpose(x, [1, 0]),
+        P.broadcast_in_dim(x, [4, 2, 3], [1, 2]),
+        P.squeeze(P.broadcast_in_dim(x, [1, 2, 3], [1, 2]), [0]),
+    ]
     assert all(v._jt_base is x for v in views)
     assert P.reshape(x, [6])._jt_base is None  # prims.reshape copies
 
@@ -287,9 +369,10 @@ def test_factories():
 
 def test_normal_is_random_and_shaped():
     got = jaxtorch.call_torch(
-        lambda t: P.normal([1000], mean=2.0, std=0.5, dtype=torch.float32, device=t.device,
-                           requires_grad=False),
-        jnp.zeros(1), rng=jax.random.key(0))
+        lambda t: P.normal([1000], mean=2.0, std=0.5, dtype=torch.float32, device=t.device, requires_grad=False),
+        jnp.zeros(1),
+        rng=jax.random.key(0),
+    )
     got = np.asarray(got)
     assert got.shape == (1000,)
     assert abs(got.mean() - 2.0) < 0.1 and abs(got.std() - 0.5) < 0.1
@@ -316,13 +399,17 @@ def test_fft_prims():
 
 
 # ---- decompositions now run ------------------------------------------------------------------
-@pytest.mark.parametrize("fn", [
-    lambda t: torch.flip(t, [0, 1]),      # aten.flip -> prims.rev
-    lambda t: torch.std(t, 1),             # aten.std -> prims.var
-    lambda t: torch.diag_embed(t),         # -> prims.broadcast_in_dim, prims.iota, prims.where
-    lambda t: torch.logaddexp(t, t * 2),   # -> prims.ge, prims.where, ...
-    lambda t: torch.fmod(t, 0.7),          # -> prims.fmod
-], ids=["flip", "std", "diag_embed", "logaddexp", "fmod"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.flip(t, [0, 1]),  # aten.flip -> prims.rev
+        lambda t: torch.std(t, 1),  # aten.std -> prims.var
+        lambda t: torch.diag_embed(t),  # -> prims.broadcast_in_dim, prims.iota, prims.where
+        lambda t: torch.logaddexp(t, t * 2),  # -> prims.ge, prims.where, ...
+        lambda t: torch.fmod(t, 0.7),  # -> prims.fmod
+    ],
+    ids=["flip", "std", "diag_embed", "logaddexp", "fmod"],
+)
 def test_decomposition_only_ops_run(fn):
     x = _rand(3, 4)
     _check(*_both(fn, x), rtol=1e-5, atol=1e-5)

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import jaxtorch
+from jaxtorch import DataDependentError
 
 from . import _compare
-from jaxtorch import DataDependentError
 
 NAN = float("nan")
 
@@ -112,11 +112,21 @@ def test_empty_reductions_give_identities():
     check(lambda x: torch.median(x), EMPTY)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x: torch.amax(x, 0), lambda x: torch.amin(x), lambda x: torch.max(x), lambda x: torch.min(x),
-    lambda x: torch.max(x, 0), lambda x: torch.argmax(x, 0), lambda x: torch.argmin(x),
-    lambda x: torch.aminmax(x), lambda x: torch.kthvalue(x, 1, 0),
-], ids=["amax", "amin", "max", "min", "max.dim", "argmax", "argmin", "aminmax", "kthvalue"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.amax(x, 0),
+        lambda x: torch.amin(x),
+        lambda x: torch.max(x),
+        lambda x: torch.min(x),
+        lambda x: torch.max(x, 0),
+        lambda x: torch.argmax(x, 0),
+        lambda x: torch.argmin(x),
+        lambda x: torch.aminmax(x),
+        lambda x: torch.kthvalue(x, 1, 0),
+    ],
+    ids=["amax", "amin", "max", "min", "max.dim", "argmax", "argmin", "aminmax", "kthvalue"],
+)
 def test_empty_extrema_raise_like_torch(fn):
     check_raises(fn, EMPTY)
 
@@ -149,15 +159,31 @@ def test_bad_dim_raises_index_error():
 XN = torch.tensor([[1.0, NAN, 3.0, 3.0], [2.0, 5.0, 5.0, -1.0], [NAN, 0.0, NAN, 7.0]])
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x: torch.amax(x, 1), lambda x: torch.amin(x, 0, keepdim=True), lambda x: torch.max(x),
-    lambda x: torch.max(x, 1), lambda x: torch.min(x, 0, keepdim=True), lambda x: torch.argmax(x, 1),
-    lambda x: torch.argmin(x), lambda x: torch.argmax(x, keepdim=True), lambda x: torch.aminmax(x, dim=1),
-    lambda x: torch.cummax(x, 1), lambda x: torch.cummin(x, 0), lambda x: torch.sort(x, 1),
-    lambda x: torch.sort(x, 1, descending=True), lambda x: torch.median(x, 1), lambda x: torch.nanmedian(x, 1),
-    lambda x: torch.median(x), lambda x: torch.nanmedian(x), lambda x: torch.nansum(x, 1),
-    lambda x: torch.nanmean(x, 0), lambda x: torch.topk(x[1:], 2, 1),
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.amax(x, 1),
+        lambda x: torch.amin(x, 0, keepdim=True),
+        lambda x: torch.max(x),
+        lambda x: torch.max(x, 1),
+        lambda x: torch.min(x, 0, keepdim=True),
+        lambda x: torch.argmax(x, 1),
+        lambda x: torch.argmin(x),
+        lambda x: torch.argmax(x, keepdim=True),
+        lambda x: torch.aminmax(x, dim=1),
+        lambda x: torch.cummax(x, 1),
+        lambda x: torch.cummin(x, 0),
+        lambda x: torch.sort(x, 1),
+        lambda x: torch.sort(x, 1, descending=True),
+        lambda x: torch.median(x, 1),
+        lambda x: torch.nanmedian(x, 1),
+        lambda x: torch.median(x),
+        lambda x: torch.nanmedian(x),
+        lambda x: torch.nansum(x, 1),
+        lambda x: torch.nanmean(x, 0),
+        lambda x: torch.topk(x[1:], 2, 1),
+    ],
+)
 def test_nan_handling_matches_torch(fn):
     check(fn, XN)
 
@@ -201,8 +227,17 @@ def test_kthvalue_and_topk():
 
 
 # ---- statistics and norms -----------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [{}, {"dim": 1}, {"dim": (0, 2), "keepdim": True}, {"correction": 0},
-                                    {"dim": -1, "correction": 2}, {"unbiased": False}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"dim": 1},
+        {"dim": (0, 2), "keepdim": True},
+        {"correction": 0},
+        {"dim": -1, "correction": 2},
+        {"unbiased": False},
+    ],
+)
 @pytest.mark.parametrize("op", [torch.var, torch.std, torch.var_mean, torch.std_mean])
 def test_var_std(op, kwargs):
     check(lambda x: op(x, **kwargs), X)
@@ -247,22 +282,25 @@ def test_norm_variants():
 TIES = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, -1.0, 2.0]])
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x: torch.amax(x, 1),  # shared evenly among ties
-    lambda x: torch.max(x),
-    lambda x: torch.max(x, 1),  # to the returned index
-    lambda x: torch.min(x, 1, keepdim=True),
-    lambda x: torch.cummax(x, 1),
-    lambda x: torch.sort(x, dim=1, stable=True),
-    lambda x: torch.mode(x, 1),
-    lambda x: torch.median(x),
-    lambda x: torch.linalg.vector_norm(x, math.inf, dim=1),
-    lambda x: torch.prod(torch.tensor([[0.0, 2.0, 3.0, 0.0], [0.0, 1.0, 2.0, 4.0]]) * x, 1),
-    lambda x: torch.cumprod(torch.tensor([1.0, 0.0, 2.0, 3.0]) * x, 1),
-    lambda x: torch.logcumsumexp(x, 1),
-    lambda x: torch.var(x, 1),
-    lambda x: torch.renorm(x, 2, 0, 2.0),
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.amax(x, 1),  # shared evenly among ties
+        lambda x: torch.max(x),
+        lambda x: torch.max(x, 1),  # to the returned index
+        lambda x: torch.min(x, 1, keepdim=True),
+        lambda x: torch.cummax(x, 1),
+        lambda x: torch.sort(x, dim=1, stable=True),
+        lambda x: torch.mode(x, 1),
+        lambda x: torch.median(x),
+        lambda x: torch.linalg.vector_norm(x, math.inf, dim=1),
+        lambda x: torch.prod(torch.tensor([[0.0, 2.0, 3.0, 0.0], [0.0, 1.0, 2.0, 4.0]]) * x, 1),
+        lambda x: torch.cumprod(torch.tensor([1.0, 0.0, 2.0, 3.0]) * x, 1),
+        lambda x: torch.logcumsumexp(x, 1),
+        lambda x: torch.var(x, 1),
+        lambda x: torch.renorm(x, 2, 0, 2.0),
+    ],
+)
 def test_gradients_match_torch(fn):
     check_grad(fn, TIES)
 
@@ -342,8 +380,11 @@ def test_unique_family_eager_and_data_dependent_under_jit():
     check(lambda x: torch.unique(x, return_inverse=True, return_counts=True), t, jit=False)
     check(lambda x: torch.unique(x, dim=1, return_inverse=True, return_counts=True), t, jit=False)
     check(lambda x: torch.unique_consecutive(x, return_inverse=True, return_counts=True), t, jit=False)
-    check(lambda x: torch.unique_consecutive(x, dim=0, return_counts=True), torch.tensor([[1, 2], [1, 2], [0, 1]]),
-          jit=False)
+    check(
+        lambda x: torch.unique_consecutive(x, dim=0, return_counts=True),
+        torch.tensor([[1, 2], [1, 2], [0, 1]]),
+        jit=False,
+    )
     with pytest.raises(DataDependentError):
         _run(lambda x: torch.unique(x), t, jit=True)
 

@@ -48,8 +48,15 @@ def _device_backward_check(fn, *tensors, tol=1e-4):
 
 
 # ---- antialiased resize -----------------------------------------------------------------------
-_AA_CASES = [dict(size=(3, 5)), dict(size=(7, 4)), dict(size=(13, 31)), dict(size=(10, 6)),
-             dict(scale_factor=(0.37, 0.61)), dict(scale_factor=(1.7, 0.9)), dict(size=(1, 1))]
+_AA_CASES = [
+    dict(size=(3, 5)),
+    dict(size=(7, 4)),
+    dict(size=(13, 31)),
+    dict(size=(10, 6)),
+    dict(scale_factor=(0.37, 0.61)),
+    dict(scale_factor=(1.7, 0.9)),
+    dict(size=(1, 1)),
+]
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
@@ -108,15 +115,22 @@ def test_grid_sample_2d_device_backward():
 
 
 # ---- fractional max pooling (given torch's own random samples) --------------------------------
-@pytest.mark.parametrize("shape,kernel,out", [((2, 3, 11, 9), (3, 2), (5, 4)), ((3, 10, 10), 2, (5, 7)),
-                                              ((1, 2, 7, 8), 1, (7, 8)), ((2, 1, 5, 6), (2, 3), 1)])
+@pytest.mark.parametrize(
+    "shape,kernel,out",
+    [((2, 3, 11, 9), (3, 2), (5, 4)), ((3, 10, 10), 2, (5, 7)), ((1, 2, 7, 8), 1, (7, 8)), ((2, 1, 5, 6), (2, 3), 1)],
+)
 def test_fractional_max_pool2d(shape, kernel, out):
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(shape, generator=gen)
     x.view(-1)[5] = float("nan")  # torch's NaN rule: every NaN in a window replaces the running max
     r = torch.rand(shape[0] if len(shape) == 4 else 1, shape[-3], 2, generator=gen)
-    fn = lambda x, r: F.fractional_max_pool2d(x, kernel, output_size=out, return_indices=True,  # noqa: E731
-                                              _random_samples=r)
+    fn = lambda x, r: F.fractional_max_pool2d(
+        x,
+        kernel,
+        output_size=out,
+        return_indices=True,  # noqa: E731
+        _random_samples=r,
+    )
     check(fn, x, r, tol=0)
     x = torch.randn(shape, generator=gen)
     _grad_check(lambda x: fn(x, r)[0], x)
@@ -128,8 +142,13 @@ def test_fractional_max_pool3d(shape, kernel, out):
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(shape, generator=gen)
     r = torch.rand(shape[0] if len(shape) == 5 else 1, shape[-4], 3, generator=gen)
-    fn = lambda x, r: F.fractional_max_pool3d(x, kernel, output_size=out, return_indices=True,  # noqa: E731
-                                              _random_samples=r)
+    fn = lambda x, r: F.fractional_max_pool3d(
+        x,
+        kernel,
+        output_size=out,
+        return_indices=True,  # noqa: E731
+        _random_samples=r,
+    )
     check(fn, x, r, tol=0)
     _grad_check(lambda x: fn(x, r)[0], x)
     _device_backward_check(lambda x: fn(x, r.to(x.device))[0], x)
@@ -140,5 +159,6 @@ def test_fractional_max_pool3d_refuses_windows_past_the_end_like_torch():
     with pytest.raises(RuntimeError):
         torch.ops.aten.fractional_max_pool3d(x, [2, 2, 2], [5, 5, 5], r)
     with pytest.raises(ValueError, match="too large"):
-        jaxtorch.call_torch(lambda x, r: torch.ops.aten.fractional_max_pool3d(x, [2, 2, 2], [5, 5, 5], r),
-                            to_jax(x), to_jax(r))
+        jaxtorch.call_torch(
+            lambda x, r: torch.ops.aten.fractional_max_pool3d(x, [2, 2, 2], [5, 5, 5], r), to_jax(x), to_jax(r)
+        )

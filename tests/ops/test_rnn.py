@@ -91,7 +91,9 @@ def test_sequence_module(name):
     _check_module(SEQUENCE_CASES[name](), torch.randn(5, 3, 4))
 
 
-@pytest.mark.parametrize("name", ["lstm_2layer_bidirectional", "lstm_batch_first_proj", "gru_3layer_bidirectional_batch_first"])
+@pytest.mark.parametrize(
+    "name", ["lstm_2layer_bidirectional", "lstm_batch_first_proj", "gru_3layer_bidirectional_batch_first"]
+)
 def test_initial_state(name):
     inner = SEQUENCE_CASES[name]()
     dirs = 2 if inner.bidirectional else 1
@@ -132,8 +134,9 @@ class _Packed(nn.Module):
         self.inner, self.lengths, self.enforce_sorted = inner, lengths, enforce_sorted
 
     def forward(self, x):
-        packed = pack_padded_sequence(x, self.lengths, batch_first=self.inner.batch_first,
-                                      enforce_sorted=self.enforce_sorted)
+        packed = pack_padded_sequence(
+            x, self.lengths, batch_first=self.inner.batch_first, enforce_sorted=self.enforce_sorted
+        )
         out, state = self.inner(packed)
         padded, lengths = pad_packed_sequence(out, batch_first=self.inner.batch_first)
         return padded, state
@@ -186,8 +189,11 @@ def test_pytorch_first():
     """`.to("jax")`: forward, backward into `.grad`, packed input with CPU lengths, `.cpu()`."""
     jaxtorch.enable_globally()
     try:
-        for ctor in [lambda: nn.LSTM(4, 6, 2, bidirectional=True, proj_size=3), lambda: nn.GRU(4, 6),
-                     lambda: nn.LSTMCell(4, 6)]:
+        for ctor in [
+            lambda: nn.LSTM(4, 6, 2, bidirectional=True, proj_size=3),
+            lambda: nn.GRU(4, 6),
+            lambda: nn.LSTMCell(4, 6),
+        ]:
             ref_m = ctor()
             m = ctor().to("jax")
             m.load_state_dict(ref_m.state_dict())
@@ -198,8 +204,9 @@ def test_pytorch_first():
             sum(t.sum() for t in _leaves(ref)).backward()
             sum(t.sum() for t in _leaves(out)).backward()
             for (name, p), (_, q) in zip(ref_m.named_parameters(), m.named_parameters()):
-                np.testing.assert_allclose(q.grad.cpu().numpy(), p.grad.numpy(), rtol=GRAD_TOL, atol=GRAD_TOL,
-                                           err_msg=name)
+                np.testing.assert_allclose(
+                    q.grad.cpu().numpy(), p.grad.numpy(), rtol=GRAD_TOL, atol=GRAD_TOL, err_msg=name
+                )
         ref_m = nn.LSTM(4, 6, bidirectional=True)
         m = nn.LSTM(4, 6, bidirectional=True).to("jax")
         m.load_state_dict(ref_m.state_dict())

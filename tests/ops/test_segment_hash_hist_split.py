@@ -82,8 +82,9 @@ def test_segment_reduce_refuses_int_data_and_a_wrong_axis():
     with pytest.raises(RuntimeError, match="not implemented for 'Long'"):
         _compare.run(lambda x, l: torch.segment_reduce(x, "sum", lengths=l), torch.arange(3), torch.tensor([3]))
     with pytest.raises(RuntimeError, match="last dimension of lengths"):
-        _compare.run(lambda x, l: torch.segment_reduce(x, "sum", lengths=l, axis=1), torch.ones(2, 3),
-                     torch.tensor([3]))
+        _compare.run(
+            lambda x, l: torch.segment_reduce(x, "sum", lengths=l, axis=1), torch.ones(2, 3), torch.tensor([3])
+        )
 
 
 # ---- hash_tensor ----------------------------------------------------------------------------
@@ -97,7 +98,7 @@ HASH_CASES = [
     (_float_specials(), {}),
     (_float_specials(), {"dim": 1}),
     (_float_specials(), {"dim": [0], "keepdim": True}),
-    (torch.randint(-2**31, 2**31 - 1, (4, 6), generator=torch.Generator().manual_seed(5)), {"dim": 0}),
+    (torch.randint(-(2**31), 2**31 - 1, (4, 6), generator=torch.Generator().manual_seed(5)), {"dim": 0}),
     (torch.rand(3, 4, generator=torch.Generator().manual_seed(6)) > 0.5, {}),
     (torch.tensor([-100, 7, 3, 127], dtype=torch.int8), {}),
     (torch.tensor([200, 7, 3], dtype=torch.uint8), {}),
@@ -182,8 +183,17 @@ def test_histogramdd_of_no_points_uses_unit_ranges():
 
 
 # ---- tensor_split / narrow with tensor arguments --------------------------------------------
-@pytest.mark.parametrize("idx,dim", [(torch.tensor([1, 3]), 1), (torch.tensor([-1, 2]), 0), (torch.tensor([4, 2]), 0),
-                                     (torch.tensor(3), 1), (torch.tensor(4), 0), (torch.tensor([], dtype=torch.long), 1)])
+@pytest.mark.parametrize(
+    "idx,dim",
+    [
+        (torch.tensor([1, 3]), 1),
+        (torch.tensor([-1, 2]), 0),
+        (torch.tensor([4, 2]), 0),
+        (torch.tensor(3), 1),
+        (torch.tensor(4), 0),
+        (torch.tensor([], dtype=torch.long), 1),
+    ],
+)
 def test_tensor_split_by_a_tensor(idx, dim):
     x = torch.arange(20.0).reshape(5, 4)
     check(lambda x, i: [p * 1 for p in torch.tensor_split(x, i, dim)], x, idx, jit=False)
@@ -193,8 +203,9 @@ def test_tensor_split_by_a_traced_tensor_is_data_dependent_and_grads_flow():
     x, idx = torch.arange(20.0).reshape(5, 4), torch.tensor([1, 3])
     with pytest.raises(DataDependentError, match="tensor_split"):
         _compare.run(lambda x, i: torch.tensor_split(x, i, 1), x, idx, jit=True)
-    ref, got = torch_grad(lambda x, i: torch.cat([p ** 2 * (k + 1) for k, p in enumerate(torch.tensor_split(x, i, 1))],
-                                                 1), x, idx)
+    ref, got = torch_grad(
+        lambda x, i: torch.cat([p**2 * (k + 1) for k, p in enumerate(torch.tensor_split(x, i, 1))], 1), x, idx
+    )
     _compare.compare(ref, got, 1e-5)
 
 
@@ -226,7 +237,7 @@ def test_narrow_with_a_tensor_start_is_a_view_under_jit():
 def test_torch_autograd_through_tensor_split_and_narrow_on_the_jax_device():
     def fn(x, idx, st):
         x = x.clone().requires_grad_()
-        loss = sum((p ** 2 * (k + 1)).sum() for k, p in enumerate(torch.tensor_split(x, idx, dim=1)))
+        loss = sum((p**2 * (k + 1)).sum() for k, p in enumerate(torch.tensor_split(x, idx, dim=1)))
         loss = loss + (torch.narrow(x, 0, st, 2) * 3).sum()
         return torch.autograd.grad(loss, x)[0]
 

@@ -59,14 +59,14 @@ def test_functional_copy_casts_and_broadcasts():
 # ---- views alias their base ------------------------------------------------------------------
 def _view_program(x):
     x = x.clone()
-    v = x.t()[1:]            # chained view
-    v.mul_(10)               # write through the view
-    x[0].add_(1)             # write to the base...
+    v = x.t()[1:]  # chained view
+    v.mul_(10)  # write through the view
+    x[0].add_(1)  # write to the base...
     d = x.diagonal()
-    d.fill_(-1)              # ...and through another view
+    d.fill_(-1)  # ...and through another view
     parts = x.split(1, dim=1)
     parts[2].sub_(3)
-    return x, v + 0, d + 0   # the views must see every write
+    return x, v + 0, d + 0  # the views must see every write
 
 
 def test_view_writes_update_base_and_views_eager_and_jit():
@@ -178,13 +178,17 @@ def test_index_put_accumulate_with_duplicate_indices():
     _check(lambda a, i: a.index_put((i,), torch.tensor(True), accumulate=True), b, torch.tensor([1, 1, 3]))
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x, i, j: x[i, :, j],            # separated advanced indices go first
-    lambda x, i, j: x[:, i, j],            # adjacent ones stay in place
-    lambda x, i, j: x[i[:, None], 1:, j],  # broadcasting index tensors
-    lambda x, i, j: x[None, ..., j],
-    lambda x, i, j: x[-1, i],
-], ids=["separated", "adjacent", "broadcast", "none-ellipsis", "negative"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, i, j: x[i, :, j],  # separated advanced indices go first
+        lambda x, i, j: x[:, i, j],  # adjacent ones stay in place
+        lambda x, i, j: x[i[:, None], 1:, j],  # broadcasting index tensors
+        lambda x, i, j: x[None, ..., j],
+        lambda x, i, j: x[-1, i],
+    ],
+    ids=["separated", "adjacent", "broadcast", "none-ellipsis", "negative"],
+)
 def test_advanced_indexing_matches_torch(fn):
     x = torch.randn(4, 5, 6)
     _check(fn, x, torch.tensor([0, -1, 2]), torch.tensor([5, 0, -6]))
@@ -208,8 +212,12 @@ def test_gather_scatter_reduce_variants():
         for include_self in [True, False]:
             _check(lambda a, i, s: a.scatter_reduce(1, i, s, reduce, include_self=include_self), x, idx, src)
     xi = torch.arange(15).reshape(3, 5)
-    _check(lambda a, i, s: a.scatter_reduce(1, i, s, "mean", include_self=False), xi, idx,
-           torch.tensor([[1, 2, 4, 7], [-3, 5, 8, 1]]))
+    _check(
+        lambda a, i, s: a.scatter_reduce(1, i, s, "mean", include_self=False),
+        xi,
+        idx,
+        torch.tensor([[1, 2, 4, 7], [-3, 5, 8, 1]]),
+    )
 
 
 def test_dim_wise_index_ops():
@@ -279,7 +287,7 @@ def test_grad_through_indexing_matches_torch():
 
     def loss(a, i):
         b = a.clone()
-        b[i, 1:3] += a[i, :2] * 2       # index, slice, index_put
+        b[i, 1:3] += a[i, :2] * 2  # index, slice, index_put
         b.index_put_((torch.tensor([2, 2]),), a[0], accumulate=True)
         return (b[i, 1:3] * cot).sum() + (b[torch.tensor([2, 2, 0])] ** 2).sum()  # duplicate reads
 

@@ -1,7 +1,7 @@
 """Worker for test_distributed.py: data-parallel training with JAX's distributed runtime.
 
-    python -m tests.train._distributed single OUT.npz
-    python -m tests.train._distributed multi OUT.npz PROCESS_ID PORT CKPT     (4 CPU devices each)
+python -m tests.train._distributed single OUT.npz
+python -m tests.train._distributed multi OUT.npz PROCESS_ID PORT CKPT     (4 CPU devices each)
 """
 
 import sys
@@ -14,8 +14,9 @@ def main(argv):
     mode, out = argv[0], argv[1]
     if mode == "multi":
         pid, port = int(argv[2]), int(argv[3])
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid,
-                                   initialization_timeout=120)
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid, initialization_timeout=120
+        )
         assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
 
     import jax.numpy as jnp

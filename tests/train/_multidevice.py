@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jaxtorch
 from jaxtorch.train import DeviceLoader, load_checkpoint, make_train_step, save_checkpoint, shard, shard_batch
@@ -78,16 +79,26 @@ def check_parallel():
 
 
 # Megatron rules for a Llama: q/k/v/gate/up split by output columns, o/down by input rows.
-LLAMA_TP = [(r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$", P("model", None)),
-            (r"(o_proj|down_proj)\.weight$", P(None, "model"))]
+LLAMA_TP = [
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$", P("model", None)),
+    (r"(o_proj|down_proj)\.weight$", P(None, "model")),
+]
 
 
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -119,8 +130,11 @@ def check_llama_meshes():
     devices = np.array(jax.devices()).reshape(2, 4)
     explicit = jax.make_mesh((2, 4), ("data", "model"))
     assert explicit.axis_types == (AxisType.Explicit,) * 2, explicit.axis_types
-    cases = [("auto", Mesh(devices, ("data", "model")), None), ("explicit", explicit, None),
-             ("explicit+set_mesh", explicit, explicit)]
+    cases = [
+        ("auto", Mesh(devices, ("data", "model")), None),
+        ("explicit", explicit, None),
+        ("explicit+set_mesh", explicit, explicit),
+    ]
     for name, mesh, context in cases:
         with jax.set_mesh(context) if context is not None else contextlib.nullcontext():
             logits, losses, state = _llama_run(model, ids, mesh)
@@ -173,7 +187,9 @@ def check_checkpoint():
         save_checkpoint(state, path)
         plain = load_checkpoint(path)
         back = load_checkpoint(path, shardings=state)
-    for a, b, c in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(plain)):
+    for a, b, c in zip(
+        jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(plain)
+    ):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
         assert b.sharding.is_equivalent_to(a.sharding, a.ndim)

@@ -27,11 +27,25 @@ def test_two_processes_match_single_process(tmp_path):
     port = _free_port()
     cmd = [sys.executable, "-m", "tests.train._distributed"]
     ckpt = tmp_path / "ckpt.safetensors"
-    procs = [subprocess.Popen(cmd + ["multi", str(tmp_path / f"p{i}.npz"), str(i), str(port), str(ckpt)], cwd=ROOT,
-                              env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    single = subprocess.run(cmd + ["single", str(tmp_path / "single.npz")], cwd=ROOT, env=_env(1),
-                            capture_output=True, text=True, timeout=600)
+    procs = [
+        subprocess.Popen(
+            cmd + ["multi", str(tmp_path / f"p{i}.npz"), str(i), str(port), str(ckpt)],
+            cwd=ROOT,
+            env=_env(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    single = subprocess.run(
+        cmd + ["single", str(tmp_path / "single.npz")],
+        cwd=ROOT,
+        env=_env(1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert single.returncode == 0, single.stderr[-4000:]
     outs = []
     try:

@@ -23,13 +23,21 @@ LORA = "*lora_*"
 @pytest.fixture(scope="module")
 def lora_llama():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                   use_cache=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     model = transformers.LlamaForCausalLM(cfg)
     # init_lora_weights=False: B random, not zero, so A's gradient is not trivially zero either
-    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                             init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     model = peft.get_peft_model(model, config).eval()
     ids = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(1))
     return model, ids

@@ -19,8 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_check(name: str, devices: int = 8, timeout: int = 600) -> str:
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "tests.train._multidevice", name], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.train._multidevice", name],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0 and f"OK {name}" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout
 

@@ -12,7 +12,7 @@ import torch
 import jaxtorch
 from jaxtorch.train import MixedPrecision, make_train_step
 
-from ._models import BNNet, CNN, MLP
+from ._models import CNN, MLP, BNNet
 
 
 def mse(out, y):
@@ -37,8 +37,9 @@ def _torch_steps(model, opt, batches):
 
 def _assert_params_match(state_params, model, atol=1e-5):
     for name, t in model.state_dict().items():
-        np.testing.assert_allclose(np.asarray(state_params[name], np.float64), t.double().numpy(), atol=atol,
-                                   rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(state_params[name], np.float64), t.double().numpy(), atol=atol, rtol=1e-5, err_msg=name
+        )
 
 
 # ---- extract(mutable=True) and rng -------------------------------------------------------
@@ -71,7 +72,11 @@ def test_dropout_follows_key_under_jit():
     params, fn = jaxtorch.extract(model)
     f = jax.jit(fn)
     x = jnp.ones((64,))
-    a, b, c = f(params, x, rng=jax.random.key(1)), f(params, x, rng=jax.random.key(1)), f(params, x, rng=jax.random.key(2))
+    a, b, c = (
+        f(params, x, rng=jax.random.key(1)),
+        f(params, x, rng=jax.random.key(1)),
+        f(params, x, rng=jax.random.key(2)),
+    )
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert set(np.unique(np.asarray(a)).tolist()) <= {0.0, 2.0}
@@ -189,7 +194,11 @@ def test_dropout_masks_differ_by_key_and_need_one():
     init, step = make_train_step(model, xent, optax.sgd(0.1))
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
     s = init()
-    (_, a), (_, b), (_, c) = step(s, x, y, jax.random.key(0)), step(s, x, y, jax.random.key(0)), step(s, x, y, jax.random.key(1))
+    (_, a), (_, b), (_, c) = (
+        step(s, x, y, jax.random.key(0)),
+        step(s, x, y, jax.random.key(0)),
+        step(s, x, y, jax.random.key(1)),
+    )
     assert float(a) == float(b) and float(a) != float(c)
     with pytest.raises(jaxtorch.MissingKeyError):
         step(s, x, y)

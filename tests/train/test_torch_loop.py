@@ -9,7 +9,7 @@ import torch
 import jaxtorch
 import jaxtorch.xla as xm
 
-from ._models import BNNet, MLP
+from ._models import MLP, BNNet
 
 
 @pytest.fixture
@@ -22,8 +22,11 @@ def jax_env():
 def _loop(model, device, opt_name, steps=5):
     """The standard loop: zero_grad, forward, backward, clip_grad_norm_, step, scheduler."""
     model = model.to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2) if opt_name == "adam" else \
-        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    opt = (
+        torch.optim.Adam(model.parameters(), lr=1e-2)
+        if opt_name == "adam"
+        else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     g = torch.Generator().manual_seed(3)
     losses = []
