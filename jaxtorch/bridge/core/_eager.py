@@ -63,6 +63,15 @@ class EagerExecutor:
         """`op.lowering(*jargs, **jkwargs)`, run (or traced into the surrounding JAX trace)."""
         if op.random:
             jkwargs["key"] = next_key(op.func)
+        elif not op.data_dependent and _ENABLED:  # the common case, inline: a known signature
+            sig = signature(jargs, jkwargs, op.floats)
+            if sig is not None:
+                fn = op.jits.get(sig[0])
+                if fn is not None and fn is not NOT_JITTABLE and sig[2] is sig[0]:  # (flat: no tracer)
+                    try:
+                        return fn(*sig[1])
+                    except NOT_JITTABLE_ERRORS:
+                        op.jits[sig[0]] = NOT_JITTABLE
         try:
             if _has_tracer(jargs, jkwargs):
                 if op.data_dependent:

@@ -111,8 +111,7 @@ def signature(jargs: list, jkwargs: dict, floats: bool | None) -> tuple[Any, lis
     arrays_t = ARRAY_TYPES
     allow_floats = floats is not False
     arrays = dyn_floats = False
-    sig: list = []  # per argument: None (a dynamic input) or (type, key, value) or a dynamic list
-    keys: list = []
+    keys: list = []  # per argument: None (a dynamic input), (type, key) of a static one, or a dynamic list
     dyn: list = []
     kwnames = tuple(jkwargs) if jkwargs else ()
     for a in (*jargs, *jkwargs.values()) if kwnames else jargs:
@@ -120,38 +119,39 @@ def signature(jargs: list, jkwargs: dict, floats: bool | None) -> tuple[Any, lis
         if t in arrays_t:
             arrays = True
             dyn.append(a)
-            sig.append(None)
             keys.append(None)
-        elif t is float and allow_floats:
-            dyn_floats = True
-            dyn.append(a)
-            sig.append(None)
-            keys.append(None)
-        elif t in _SIMPLE or isinstance(a, np.dtype):
-            k = (t, a.hex() if t is float else a)
-            sig.append((*k, a))
-            keys.append(k)
+        elif t is float:
+            if allow_floats:
+                dyn_floats = True
+                dyn.append(a)
+                keys.append(None)
+            else:
+                keys.append((float, a.hex()))
+        elif t in _SIMPLE:
+            keys.append((t, a))
         elif t is list or t is tuple:
             types = set(map(type, a))
             if types <= _INT_TYPES:
-                v = tuple(a)
-                k = (t, (v, tuple(map(type, a))))
-                sig.append((*k, t(v)))
-                keys.append(k)
+                keys.append((t, (tuple(a), tuple(map(type, a)))))
             elif types <= arrays_t or (allow_floats and types == _FLOAT_TYPES):  # (a foreach op's lists)
                 arrays = arrays or bool(types) and types != _FLOAT_TYPES
                 dyn_floats = dyn_floats or types == _FLOAT_TYPES
                 dyn.extend(a)
-                k = (_DYN_LIST, t, len(a))
-                sig.append(k)
-                keys.append(k)
+                keys.append((_DYN_LIST, t, len(a)))
             else:
                 return _general(jargs, jkwargs, floats)
-        else:
+        elif isinstance(a, _Array):  # a tracer, another array type: the general path decides
             return _general(jargs, jkwargs, floats)
+        else:
+            try:
+                hash(a)  # (a dtype, a device, a layout: static)
+            except TypeError:
+                return None
+            keys.append((t, a))
     if dyn_floats and not arrays and not floats:
         return _general(jargs, jkwargs, False)  # (a factory: its floats stay static)
-    return (tuple(keys), kwnames), dyn, (sig, kwnames)
+    key = (tuple(keys), kwnames)
+    return key, dyn, key
 
 
 def _general(jargs: list, jkwargs: dict, floats: bool | None):
@@ -198,6 +198,16 @@ def _fill(skel, it):
     return skel
 
 
+def _static_value(k: tuple):
+    """The argument a flat key `(type, key)` stands for."""
+    t, v = k
+    if t is float:
+        return float.fromhex(v)
+    if t is list or t is tuple:
+        return t(v[0])
+    return v
+
+
 def bind(lowering: Callable, plan, wrap: Callable | None = None) -> Callable:
     """`fn(*dyn)` calling `lowering` with the call that `signature` split into `plan`.
 
@@ -216,12 +226,13 @@ def bind(lowering: Callable, plan, wrap: Callable | None = None) -> Callable:
                 return lowering(*args, **kwargs)
 
         return general
-    sig, kwnames = plan
+    keys, kwnames = plan
     nk = len(kwnames)
-    statics = [None if s is None or s[0] is _DYN_LIST else s[2] for s in sig]
-    lists = [s[1] if s is not None and s[0] is _DYN_LIST else None for s in sig]
-    sizes = [s[2] if s is not None and s[0] is _DYN_LIST else 0 for s in sig]
-    simple = all(s is None or s[0] is not _DYN_LIST for s in sig)
+    statics = [None if k is None or k[0] is _DYN_LIST else _static_value(k) for k in keys]
+    lists = [k[1] if k is not None and k[0] is _DYN_LIST else None for k in keys]
+    sizes = [k[2] if k is not None and k[0] is _DYN_LIST else 0 for k in keys]
+    simple = all(k is None or k[0] is not _DYN_LIST for k in keys)
+    sig = keys
 
     def flat(*arrays):
         if simple:

@@ -264,9 +264,17 @@ class LazyExecutor:
         """Record `op.lowering(*jargs, **jkwargs)`; `LazyArray` outputs."""
         if op.random:
             jkwargs["key"] = next_key(op.func)
-        if op.data_dependent:
+        elif op.data_dependent:
             jargs, jkwargs = force_tree((jargs, jkwargs), f"{op.name} (output shape depends on values)")
             return op.lowering(*jargs, **jkwargs)
+        if not op.floats_static:  # the common case, inline: a known signature
+            sig = signature(jargs, jkwargs, op.floats)
+            if sig is not None:
+                entry = op.kinds.get(sig[0])
+                if entry is not None:
+                    out = _record(entry, sig[1], op.name)
+                    if out is not _EAGER:
+                        return out
         return record(op, jargs, jkwargs)
 
 

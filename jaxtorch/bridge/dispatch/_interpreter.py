@@ -106,10 +106,12 @@ def _to_jax_arg(x, func, raw: bool = False):
 def _unwrap_args(args, kwargs, func, pending: bool):
     """The JAX values of an op's arguments: tensors' arrays (`pending`: as they are, a lazy
     executor's pending values included; else executed), the rest via `_to_jax_arg`."""
-    if pending:
-        jargs = [a._raw() if type(a) is JaxTensor else _to_jax_arg(a, func, True) for a in args]
-    else:
-        jargs = [a.elem if type(a) is JaxTensor else _to_jax_arg(a, func) for a in args]
+    jargs = []
+    for a in args:  # (a loop, not a comprehension: no function object per call)
+        if type(a) is JaxTensor:
+            jargs.append(a._raw() if pending else a.elem)
+        else:
+            jargs.append(_to_jax_arg(a, func, pending))
     if not kwargs:
         return jargs, {}
     if func in _SCALAR_FACTORIES and kwargs.get("dtype") in _WIDE and _scalar_or_empty(args[0] if args else ()):
@@ -118,6 +120,7 @@ def _unwrap_args(args, kwargs, func, pending: bool):
 
 
 _WIDE = (torch.float64, torch.complex128)
+_X64_DEPENDENT = frozenset({np.dtype("int32"), np.dtype("uint32")})  # torch dtype depends on x64
 
 
 def _scalar_or_empty(size) -> bool:
@@ -199,7 +202,10 @@ def _make_functional_runner(func, lowering):
 
     def run(ex: Executor, args, kwargs):
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
-        return _wrap_out(ex.call(op, jargs, jkwargs))
+        out = ex.call(op, jargs, jkwargs)
+        if type(out) is _Lazy or type(out) is _ArrayImpl:  # (the common case, inline)
+            return JaxTensor(out)
+        return _wrap_out(out)
 
     return run
 
@@ -257,13 +263,21 @@ def _cast_check(func, elementwise_op=None) -> Callable | None:
     if pointwise not in func.tags and (sibling is None or pointwise not in sibling.tags):
         return None
 
+    castable: set = set()  # (result dtype, tensor dtype) pairs seen to cast
+
     def check(value, t) -> None:
+        pair = (value.dtype, t.dtype)
+        if pair in castable:
+            return
         result = to_torch_dtype(value.dtype)
-        if result != t.dtype and not torch.can_cast(result, t.dtype):
-            raise RuntimeError(
-                f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
-                f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
-            )
+        if result == t.dtype or torch.can_cast(result, t.dtype):
+            if value.dtype not in _X64_DEPENDENT:
+                castable.add(pair)
+            return
+        raise RuntimeError(
+            f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
+            f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
+        )
 
     return check
 
@@ -442,7 +456,7 @@ def invalidate_cache() -> None:
     lazy.clear_cache()
 
 
-_trace_clean = _jax_core.trace_state_clean
+_trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
 
 
 def _executor() -> Executor:

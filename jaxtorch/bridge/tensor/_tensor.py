@@ -40,6 +40,7 @@ _Lazy = _lazy.LazyArray
 _VIRTUAL_STORAGE = 1 << 40
 _TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the dtypes whose torch dtype ignores x64
 _X64_DEPENDENT = frozenset({np.dtype("int32"), np.dtype("uint32")})  # int64/uint64 without x64
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def _no_dispatch(func, args, kwargs):
@@ -80,8 +81,11 @@ class JaxTensor(torch.Tensor):
                 dtype = to_torch_dtype(elem.dtype)
                 if elem.dtype not in _X64_DEPENDENT:
                     _TORCH_DTYPE[elem.dtype] = dtype
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
-                                                requires_grad=requires_grad, storage_size=_VIRTUAL_STORAGE)
+        if requires_grad:
+            r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
+                                                    requires_grad=True, storage_size=_VIRTUAL_STORAGE)
+        else:  # (one keyword argument fewer to parse on the hot path)
+            r = _make_wrapper(cls, elem.shape, dtype=dtype, device=JAX_DEVICE, storage_size=_VIRTUAL_STORAGE)
         r._jt_elem = elem
         r._jt_base = None
         r._jt_view_fn = None
