@@ -61,9 +61,7 @@ class EagerExecutor:
 
     def call(self, op: OpCall, jargs: list, jkwargs: dict) -> Any:
         """`op.lowering(*jargs, **jkwargs)`, run (or traced into the surrounding JAX trace)."""
-        if op.random:
-            jkwargs["key"] = next_key(op.func)
-        elif not op.data_dependent and _ENABLED:  # the common case, inline: a known signature
+        if op.plain and _ENABLED:  # the common case, inline: a known signature
             sig = signature(jargs, jkwargs, op.floats)
             if sig is not None:
                 fn = op.jits.get(sig[0])
@@ -72,6 +70,8 @@ class EagerExecutor:
                         return fn(*sig[1])
                     except NOT_JITTABLE_ERRORS:
                         op.jits[sig[0]] = NOT_JITTABLE
+        elif op.random:
+            jkwargs["key"] = next_key(op.func)
         try:
             if _has_tracer(jargs, jkwargs):
                 if op.data_dependent:

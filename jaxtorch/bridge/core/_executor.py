@@ -48,12 +48,14 @@ class OpCall:
     - `floats`: whether Python floats are traced inputs (None: when an argument is an array).
     """
 
-    __slots__ = ("func", "lowering", "name", "random", "data_dependent", "floats", "floats_static", "jits", "kinds")
+    __slots__ = ("func", "lowering", "name", "random", "data_dependent", "floats", "floats_static", "plain", "jits",
+                 "kinds")
 
     def __init__(self, func: Any, lowering: Callable, name: str, random: bool = False,
                  data_dependent: bool = False, floats: bool | None = None):
         self.func, self.lowering, self.name = func, lowering, name
         self.random, self.data_dependent, self.floats = random, data_dependent, floats
+        self.plain = not (random or data_dependent)  # neither: the executors' common case
         self.floats_static = False  # lazy: set once the lowering is seen to branch on a Python float
         self.jits: dict = {}  # eager: signature key -> jitted function (or NOT_JITTABLE)
         self.kinds: dict = {}  # lazy: signature key -> (node kind id, function)
@@ -90,6 +92,7 @@ _SIMPLE = frozenset({int, bool, float, type(None), str})
 _INT_TYPES = frozenset({int, bool})
 _FLOAT_TYPES = frozenset({float})
 _DYN_LIST = object()  # in a flat plan: (_DYN_LIST, list or tuple, length): a list of dynamic inputs
+_ALL_ARRAYS = [((None,) * n, ()) for n in range(8)]  # the key of n array arguments
 _GENERAL = object()  # a plan's tag: (_GENERAL, skeleton of args, skeleton of kwargs)
 
 
@@ -109,6 +112,14 @@ def signature(jargs: list, jkwargs: dict, floats: bool | None) -> tuple[Any, lis
         ```
     """
     arrays_t = ARRAY_TYPES
+    if not jkwargs:  # the commonest call, all arrays (`a + b`, `mm(a, b)`): its key is known
+        for a in jargs:
+            if type(a) not in arrays_t:
+                break
+        else:
+            n = len(jargs)
+            key = _ALL_ARRAYS[n] if n < 8 else ((None,) * n, ())
+            return key, jargs, key
     allow_floats = floats is not False
     arrays = dyn_floats = False
     keys: list = []  # per argument: None (a dynamic input), (type, key) of a static one, or a dynamic list

@@ -262,9 +262,11 @@ class LazyExecutor:
 
     def call(self, op: OpCall, jargs: list, jkwargs: dict) -> Any:
         """Record `op.lowering(*jargs, **jkwargs)`; `LazyArray` outputs."""
-        if op.random:
+        if op.plain:
+            pass
+        elif op.random:
             jkwargs["key"] = next_key(op.func)
-        elif op.data_dependent:
+        else:  # data-dependent
             jargs, jkwargs = force_tree((jargs, jkwargs), f"{op.name} (output shape depends on values)")
             return op.lowering(*jargs, **jkwargs)
         if not op.floats_static:  # the common case, inline: a known signature

@@ -78,6 +78,11 @@ def _to_jax_arg(x, func, raw: bool = False):
     if t in _PLAIN:
         return x
     if t is list or t is tuple:
+        for y in x:  # a list of Python scalars (a size, dims) is passed as it is
+            if type(y) not in _PLAIN:
+                break
+        else:
+            return x
         out = []
         for y in x:
             ty = type(y)

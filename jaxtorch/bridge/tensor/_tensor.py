@@ -69,9 +69,10 @@ class JaxTensor(torch.Tensor):
     """A torch tensor on the `jax` device holding a `jax.Array` or tracer."""
 
     _jt_elem: Any
-    _jt_base: "JaxTensor | None"
-    _jt_view_fn: Callable | None
-    _jt_version: int
+    # a new tensor is a root: these class-level defaults hold until a view or a write sets its own
+    _jt_base: "JaxTensor | None" = None
+    _jt_view_fn: Callable | None = None
+    _jt_version: int = 0
 
     @staticmethod
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
@@ -87,15 +88,11 @@ class JaxTensor(torch.Tensor):
         else:  # (one keyword argument fewer to parse on the hot path)
             r = _make_wrapper(cls, elem.shape, dtype=dtype, device=JAX_DEVICE, storage_size=_VIRTUAL_STORAGE)
         r._jt_elem = elem
-        r._jt_base = None
-        r._jt_view_fn = None
-        r._jt_version = 0
         if type(elem) is _Lazy:
             _lazy.track(r)
         return r
 
-    def __init__(self, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
-        pass
+    # (no `__init__`: `object.__init__` ignores the arguments `__new__` took)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
