@@ -2,8 +2,11 @@
 
 Data flows one way: torch value -> `jax_view` -> JAX lowering -> `torch_view` -> torch
 value. `dispatch` is the single entry point, called by `JaxTensor.__torch_dispatch__`
-and by `JaxDispatchMode`. For each `OpOverload` it builds, once, a small runner that knows
-how the op treats its arguments (functional, view, in-place, `out=`), and caches it:
+and by `JaxDispatchMode` (`JaxTensor` calls it through `_tensor.install_dispatch`). For each
+`OpOverload` it builds, once, a small runner that knows how the op treats its arguments
+(functional, view, in-place, `out=`), and caches it; each call passes the runner the
+executor chosen for that call (`core._executor`: `LAZY` in lazy mode outside a JAX trace,
+else `EAGER`), which runs or records the lowering:
 
 1. a registered lowering (`jaxtorch.ops.registry`) runs on the unwrapped arguments;
 2. in-place (`add_`) and `out=` overloads run the functional overload and write back;
