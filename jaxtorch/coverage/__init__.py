@@ -231,7 +231,7 @@ def report(kind: str = "core", progress: bool = True) -> Report:
 class _Recorder(TorchDispatchMode):
     """Records every ATen op (with its first arguments) that reaches the dispatcher."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.calls: dict[Any, tuple] = {}
 
@@ -318,6 +318,7 @@ def _run_decomposition(op, args, kwargs) -> dict:
         if not op._schema.name.endswith("_"):
             n_pos = len([a for a in r.sibling._schema.arguments if not a.kwarg_only])
             args = args[:n_pos]
+    assert decomp is not None  # only DECOMPOSED ops get here: they have one
     rec = _Recorder()
     with rec:
         decomp(*args, **kwargs)

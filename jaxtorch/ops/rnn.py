@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -107,7 +107,12 @@ def _gru_step(xw: Array, h: Array, w: Weights) -> tuple[Array, Array]:
     return h, h
 
 
-_STEPS = {"lstm": _lstm_step, "gru": _gru_step, "rnn_tanh": _rnn_step(jnp.tanh), "rnn_relu": _rnn_step(jax.nn.relu)}
+_STEPS: dict[str, Callable] = {
+    "lstm": _lstm_step,
+    "gru": _gru_step,
+    "rnn_tanh": _rnn_step(jnp.tanh),
+    "rnn_relu": _rnn_step(jax.nn.relu),
+}
 
 
 # ---- one layer and direction: a lax.scan ---------------------------------------------------
@@ -366,7 +371,7 @@ for _op, _fn in [
 
 # ---- the fused cell kernels (torch's CUDA-style ops), with torch's workspace layouts ---------
 def _bias_sum(a: Array | None, b: Array | None):
-    return 0 if a is None else a + b
+    return 0 if a is None else a + cast(Array, b)  # torch passes both biases or neither
 
 
 @register(aten._thnn_fused_lstm_cell.default)

@@ -95,7 +95,7 @@ def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> t
         ```
     """
     params = from_kernels(params, conv_kernels(model))
-    targets = dict(model.named_parameters(remove_duplicate=False))
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
     if strict:
         unknown = sorted(set(params) - set(targets))

@@ -213,9 +213,9 @@ def make_train_step(
         return compiled(state, inputs, targets, rng)
 
     run.__doc__ = step.__doc__ = "step(state, inputs, targets, rng=None) -> (state, loss): one optimizer update."
-    run.lower = getattr(compiled, "lower", None)  # AOT: step.lower(state, x, y, key).compile()
-    run.pure = step  # the un-jitted pure function (for make_jaxpr, shard_map, custom jit options)
-    run.jitted = compiled
+    run.lower = getattr(compiled, "lower", None)  # type: ignore[attr-defined]  # AOT: step.lower(state, x, y, key).compile()
+    run.pure = step  # type: ignore[attr-defined]  # the un-jitted pure function (for make_jaxpr, shard_map, custom jit options)
+    run.jitted = compiled  # type: ignore[attr-defined]
     return init, run
 
 

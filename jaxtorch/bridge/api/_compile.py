@@ -60,7 +60,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import torch
@@ -80,6 +80,8 @@ class Compiled:
 
     def __init__(self, target: torch.nn.Module | Callable, *, state: tuple = ()):
         self._target = target
+        self._module: torch.nn.Module | None
+        self._call: Callable | None
         if isinstance(target, torch.nn.Module):
             self._module, self._call = target, None
         elif inspect.ismethod(target) and isinstance(target.__self__, torch.nn.Module):
@@ -94,7 +96,8 @@ class Compiled:
         self._random: dict[Any, bool] = {}  # signature -> whether its program draws random numbers
         self._lock = threading.RLock()
         self.compilations = 0
-        functools.update_wrapper(self, target.forward if self._call is None else target)
+        # no `_call`: `target` is the module
+        functools.update_wrapper(self, cast(torch.nn.Module, target).forward if self._call is None else target)
 
     @contextlib.contextmanager
     def _draws(self, key, rng):

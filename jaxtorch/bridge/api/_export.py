@@ -75,7 +75,7 @@ def export(
     arrays = [to_jax(a) for a in example_args]
     batch = jax.export.symbolic_shape("b")[0] if batch_dim else None
     specs = [_spec(a, batch) for a in arrays]
-    kwargs = {} if platforms is None else {"platforms": platforms}
+    kwargs: dict[str, Any] = {} if platforms is None else {"platforms": platforms}
     if embed_params:
         return jax.export.export(jax.jit(lambda *xs: fn(params, *xs)), **kwargs)(*specs)
     pspecs = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)

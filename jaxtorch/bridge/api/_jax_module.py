@@ -57,7 +57,7 @@ class JaxModule(torch.nn.Module):
             self._kind = "eqx"
             self._static = static
         leaves_with_path, self._treedef = jax.tree_util.tree_flatten_with_path(tree)
-        self._names = []
+        self._names: list[str] = []
         for path, leaf in leaves_with_path:
             name = _name(path)
             while name in self._names:

@@ -36,7 +36,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import jax
@@ -119,7 +119,7 @@ class Binding:
         """The distinct roots of the `tensors` given, in order: what `bind_data` takes values for."""
         return [r for r, _ in self._data]
 
-    def bind(self, module: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
+    def bind(self, module: torch.nn.Module, values: Mapping[str, torch.Tensor]) -> None:
         """Put `values[name]` into every parameter/buffer slot of `module` holding the tensor
         `named_state(module)[name]` (tied and shared slots all get it); names left out keep
         the module's own tensors. Names `named_state` does not give raise `KeyError`."""
@@ -128,7 +128,7 @@ class Binding:
         if unknown:
             raise KeyError(_unknown_names(unknown, state, module))
         names = {id(state[name]): name for name in values}
-        slots = [
+        slots: list[tuple[dict, str, str]] = [
             (d, k, names[id(t)])
             for m in module.modules()
             for d in (m._parameters, m._buffers)
@@ -224,7 +224,7 @@ def as_found(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def bound(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
+def bound(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
     """Inside, `module`'s parameters and buffers named in `tensors` are those tensors (in
     every slot that holds the same tensor object); on exit the module is exactly as found.
 

@@ -49,7 +49,7 @@ _TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
 class State:
     """Arrays of one snapshot: tensors (params and buffers), grads, optimizer state, lrs."""
 
-    tensors: list[jax.Array]
+    tensors: list[jax.Array | None]  # None in a step's results: a tensor the step did not write
     grads: list[jax.Array | None]
     opt_state: list[list[dict[str, jax.Array]]]
     lrs: list[list[jax.Array | None]]
@@ -104,6 +104,7 @@ class Holders:
             for g, group in enumerate(opt.param_groups):
                 for j, p in enumerate(group["params"]):
                     found.setdefault(id(p), (f"{type(opt).__name__}.param_groups[{g}]['params'][{j}]", p))
+        checked: list[JaxTensor] = []
         for name, t in found.values():
             if not isinstance(t, JaxTensor):
                 raise TypeError(
@@ -111,13 +112,14 @@ class Holders:
                     "updates its tensors in place, so they must be JAX values: call `model.to('jax')` "
                     "before creating the optimizer (or use `jaxtorch.compile(model)` for a forward only)."
                 )
+            checked.append(t)
         # Parameters are usually views of a hidden root (`Parameter(x)` detaches): the roots
         # hold the data, so they are the state; the views replay from them.
         roots: dict[int, JaxTensor] = {}
-        for _, t in found.values():
+        for t in checked:
             r = root(t)
             roots.setdefault(id(r), r)
-        params = [t for _, t in found.values() if t.requires_grad]
+        params = [t for t in checked if t.requires_grad]
         return cls(modules, optimizers, list(roots.values()), params)
 
     def _opt_params(self):
@@ -130,7 +132,9 @@ class Holders:
         grads = [None if p.grad is None else _array(p.grad, "a .grad") for p in self.params]
         opt_state, lrs, sig_opt = [], [], []
         for opt, groups in self._opt_params():
-            per_opt, per_lr, sig = [], [], []
+            per_opt: list[dict[str, jax.Array]] = []
+            per_lr: list[jax.Array | None] = []
+            sig: list[tuple] = []
             for group, params in zip(opt.param_groups, groups):
                 traced_lr = isinstance(opt, _TENSOR_LR) and not isinstance(group["lr"], torch.Tensor)
                 per_lr.append(jnp.asarray(group["lr"], jnp.float32) if traced_lr else None)
@@ -285,7 +289,8 @@ class ArgState:
             leaves, treedef = pytrees.flatten((args, kwargs))
             plain = {type(x) for x in leaves if _plain_stateful(x)}
         index: dict[int, int] = {}
-        tensors, statics = [], []
+        tensors: list = []
+        statics: list = []
         for x in leaves:
             if is_array_like(x):
                 j = index.setdefault(id(x), len(tensors))
@@ -331,12 +336,13 @@ class ArgState:
                 )
         leaves, treedef = pytrees.flatten((args, kwargs))
         ids = {id(t): j for j, t in enumerate(inputs)}
-        after, new = [], []
+        after: list = []
+        new: list[jax.Array] = []
         for x in leaves:
             if is_array_like(x):
-                j = ids.get(id(x))
-                if j is not None:
-                    after.append(Slot(j))
+                at = ids.get(id(x))
+                if at is not None:
+                    after.append(Slot(at))
                 else:
                     after.append(_NewLeaf(len(new)))
                     new.append(x.elem if isinstance(x, JaxTensor) else _array(x, "a tensor put into an argument"))

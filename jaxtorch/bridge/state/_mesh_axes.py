@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import torch
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from ..tensor._tensor import JaxTensor, root, root_data
 from ._binding import Binding
@@ -133,8 +133,9 @@ def auto_axes(tree, data=None) -> Iterator[_Region]:
     if not roots:
         yield _Region(None, {})
         return
-    types = {id(t): _explicit(root_data(t)) for t in roots}
-    mesh = next(iter(types.values())).mesh
+    # `_roots` keeps the explicitly sharded roots only; the mesh in an array's type is abstract
+    types = {id(t): cast(NamedSharding, _explicit(root_data(t))) for t in roots}
+    mesh = cast(AbstractMesh, next(iter(types.values())).mesh)
     for s in types.values():
         if s.mesh != mesh:
             raise ValueError(

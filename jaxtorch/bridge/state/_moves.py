@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterator
 
 import torch
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import is_lazy
 
 from ..core._errors import JaxtorchError
 from ..tensor._device import DEVICE_TYPE, is_jax_device
@@ -73,7 +73,7 @@ def _refuse_uninitialized(module: torch.nn.Module) -> None:
     """A lazy module (`nn.LazyLinear`) moved before its first forward would get a 0-element
     weight and then fail with torch's unrelated shape assertion: say what to do instead."""
     for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
-        if isinstance(t, UninitializedTensorMixin):
+        if is_lazy(t):  # an UninitializedParameter / UninitializedBuffer
             raise JaxtorchError(
                 f"jaxtorch cannot move `{name}` to or from the jax device: it is an uninitialized parameter of a "
                 "lazy module (nn.LazyLinear, nn.LazyConv2d, ...), whose shape is known only after a first forward. "
@@ -165,5 +165,5 @@ def install_module_moves() -> None:
         return torch_to_empty(self, device=device, recurse=recurse)
 
     for f in (to, cpu, to_empty):
-        f._jaxtorch = True
-    Module.to, Module.cpu, Module.to_empty = to, cpu, to_empty
+        f._jaxtorch = True  # type: ignore[union-attr]
+    Module.to, Module.cpu, Module.to_empty = to, cpu, to_empty  # type: ignore[method-assign]
