@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 import jax
-import numpy as np
 
 _ArrayImpl = type(jax.numpy.zeros(()))
 _Array = jax.Array

@@ -774,7 +774,9 @@ def lazy(max_graph_ops: int | None = None):
 
 
 def clear_cache() -> None:
-    """Forget recorded-op kinds, inferred shapes and compiled programs (after re-registering a lowering)."""
+    """Forget compiled programs, float sites and the kinds of `apply`/`nullary` calls. An op's
+    own kinds and inferred shapes live in its `OpCall`, dropped with the dispatcher's runners
+    (`invalidate_cache`, after re-registering a lowering)."""
     with _lock:
         _PROGRAMS.clear()
         _KINDS.clear()
