@@ -32,7 +32,6 @@ import torch  # noqa: E402
 
 import jaxtorch  # noqa: E402
 
-
 _clock = [time.perf_counter]
 
 
@@ -70,7 +69,8 @@ def main() -> None:
             rows["lazy recording"].append(rec)
     ref = statistics.median(rows["eager CPU torch"])
     print(
-        f"a + b, float32[64], {args.ops} ops x {args.rounds} rounds ({'thread CPU time' if args.cpu else 'wall clock'}); "
+        f"a + b, float32[64], {args.ops} ops x {args.rounds} rounds "
+        f"({'thread CPU time' if args.cpu else 'wall clock'}); "
         f"torch {torch.__version__}; "
         f"load average {os.getloadavg()[0]:.1f}"
     )

@@ -24,7 +24,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 
@@ -47,11 +48,28 @@ class OpCall:
     - `floats`: whether Python floats are traced inputs (None: when an argument is an array).
     """
 
-    __slots__ = ("func", "lowering", "name", "random", "data_dependent", "floats", "floats_static", "plain", "jits",
-                 "kinds")
+    __slots__ = (
+        "func",
+        "lowering",
+        "name",
+        "random",
+        "data_dependent",
+        "floats",
+        "floats_static",
+        "plain",
+        "jits",
+        "kinds",
+    )
 
-    def __init__(self, func: Any, lowering: Callable, name: str, random: bool = False,
-                 data_dependent: bool = False, floats: bool | None = None):
+    def __init__(
+        self,
+        func: Any,
+        lowering: Callable,
+        name: str,
+        random: bool = False,
+        data_dependent: bool = False,
+        floats: bool | None = None,
+    ):
         self.func, self.lowering, self.name = func, lowering, name
         self.random, self.data_dependent, self.floats = random, data_dependent, floats
         self.plain = not (random or data_dependent)  # neither: the executors' common case
@@ -252,7 +270,7 @@ def bind(lowering: Callable, plan, wrap: Callable | None = None) -> Callable:
             vals, i = [], 0
             for s, v, lt, n in zip(sig, statics, lists, sizes):
                 if lt is not None:
-                    vals.append(lt(arrays[i:i + n]))
+                    vals.append(lt(arrays[i : i + n]))
                     i += n
                 elif s is None:
                     vals.append(arrays[i])
@@ -260,8 +278,8 @@ def bind(lowering: Callable, plan, wrap: Callable | None = None) -> Callable:
                 else:
                     vals.append(v)
         if wrap is None:
-            return lowering(*vals[:len(vals) - nk], **dict(zip(kwnames, vals[len(vals) - nk:])))
+            return lowering(*vals[: len(vals) - nk], **dict(zip(kwnames, vals[len(vals) - nk :])))
         with wrap():
-            return lowering(*vals[:len(vals) - nk], **dict(zip(kwnames, vals[len(vals) - nk:])))
+            return lowering(*vals[: len(vals) - nk], **dict(zip(kwnames, vals[len(vals) - nk :])))
 
     return flat

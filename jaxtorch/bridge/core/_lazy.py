@@ -48,9 +48,11 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -164,9 +166,13 @@ def metrics() -> LazyMetrics:
         ```
     """
     with _lock:
-        return dataclasses.replace(_M, ops_recorded=list(_M.ops_recorded), graph_sizes=list(_M.graph_sizes),
-                                   unplanned=collections.Counter(_M.unplanned),
-                                   fallbacks=collections.Counter(_M.fallbacks))
+        return dataclasses.replace(
+            _M,
+            ops_recorded=list(_M.ops_recorded),
+            graph_sizes=list(_M.graph_sizes),
+            unplanned=collections.Counter(_M.unplanned),
+            fallbacks=collections.Counter(_M.fallbacks),
+        )
 
 
 def clear_metrics() -> None:
@@ -201,15 +207,20 @@ def metrics_report() -> str:
 
 
 # ---- where in the user's code ----------------------------------------------------------
-_PKG_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
-                  for f in (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep + "x", jax.__file__,
-                            __import__("torch").__file__))
+_PKG_DIRS = tuple(
+    os.path.dirname(os.path.abspath(f)) + os.sep
+    for f in (
+        os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep + "x",
+        str(jax.__file__),
+        str(__import__("torch").__file__),
+    )
+)
 _SKIP = (os.sep + "contextlib.py", os.sep + "threading.py")
 
 
 def user_frame() -> tuple[str, int, str] | None:
     """(file, line, function) of the innermost caller outside jaxtorch, torch and jax."""
-    f = sys._getframe(1)
+    f: types.FrameType | None = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
         if not name.startswith(_PKG_DIRS) and not name.endswith(_SKIP) and not name.startswith("<frozen"):
@@ -375,8 +386,7 @@ def _record(entry, dyn: list, name: str):
 
 def _infer(fn: Callable, ins: list):
     """(output avals (shape, dtype, weak_type), treedef or None for a single array), or _EAGER."""
-    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type) if type(x) is LazyArray else x
-            for x in ins]
+    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type) if type(x) is LazyArray else x for x in ins]
     try:
         out = jax.eval_shape(fn, *args)
     except _NOT_RECORDABLE:
@@ -385,7 +395,7 @@ def _infer(fn: Callable, ins: list):
     if not all(isinstance(s, jax.ShapeDtypeStruct) for s in leaves):
         return _EAGER
     avals = tuple((s.shape, s.dtype, s.weak_type) for s in leaves)
-    if treedef.num_leaves == 1 and not treedef.children():
+    if treedef.num_leaves == 1 and not treedef.children():  # type: ignore[attr-defined]
         return avals, None
     return avals, treedef
 
@@ -417,7 +427,7 @@ def _linearize(targets: list[LazyArray]):
     kid_seen: dict[int, int] = {}
     lazy_t = LazyArray
     for t in targets:
-        stack = [t.node]
+        stack: list[Any] = [t.node]  # (pending targets have nodes)
         while stack:
             n = stack[-1]
             if id(n) in node_pos:
@@ -431,7 +441,7 @@ def _linearize(targets: list[LazyArray]):
             if pushed:
                 continue
             stack.pop()
-            refs = []
+            refs: list[Any] = []
             occ = -1
             for j, x in enumerate(n.inputs):
                 direct = 1
@@ -598,7 +608,10 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
             _M.cache_hits += 1
             new = False
         del order
-        donated, kept, floats, fl = [], [], [], iter(dynamic)
+        donated: list = []
+        kept: list = []
+        floats: Any = []
+        fl = iter(dynamic)
         for x, d in zip(leaves, mask):
             if d:
                 donated.append(x)
@@ -683,7 +696,7 @@ def sync(reason: str | None = None) -> None:
     """
     with _lock:
         refs = _TRACKED[:]
-        del _TRACKED[:len(refs)]
+        del _TRACKED[: len(refs)]
         if reason is None and (refs or _pending_ops[0]):  # (an empty sync is no step)
             _M.mark_steps += 1
             _M.ops_recorded.append(_pending_ops[0])
@@ -696,10 +709,10 @@ def _settle_nothing(tracked: list, reason: str | None) -> None:
     """Before the tensor layer installs its own (`install_settle`), nothing is tracked."""
 
 
-_settle: list[Callable[[list, "str | None"], None]] = [_settle_nothing]
+_settle: list[Callable[[list, str | None], None]] = [_settle_nothing]
 
 
-def install_settle(fn: Callable[[list, "str | None"], None]) -> None:
+def install_settle(fn: Callable[[list, str | None], None]) -> None:
     """Install `fn(tracked, reason)`, which executes what the live `tracked` objects (those
     given to `track`) hold pending and stores the values in them; `sync` calls it. The
     tensor layer installs it at import (this layer knows no tensors).
@@ -727,7 +740,9 @@ def _graph_limit() -> None:
         f"graph is executed now (at {where}). Call `jaxtorch.xla.mark_step()` (or `jaxtorch.sync()`) once per "
         "iteration, e.g. after `optimizer.step()`; the limit is `jaxtorch.lazy(max_graph_ops=...)` or "
         "JAXTORCH_LAZY_MAX_OPS.",
-        LazyGraphWarning, stacklevel=2)
+        LazyGraphWarning,
+        stacklevel=2,
+    )
     _pending_ops[0] = 0
     sync(f"graph limit ({_max_ops[0]} ops)")
 

@@ -23,31 +23,34 @@ named scope while tracing.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 import torch
+from jax._src import core as _jax_core
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from jax._src import core as _jax_core
-
 from ... import ops as _ops  # noqa: F401  (registers all lowerings)
 from ...ops import registry
-from ..core import _eager as eager, _lazy as lazy, _tracing as tracing
+from ..core import _eager as eager
+from ..core import _lazy as lazy
+from ..core import _tracing as tracing
+from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
 from ..core._eager import EAGER
+from ..core._errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
 from ..core._executor import Executor, OpCall, signature
 from ..core._lazy import LAZY
-from . import _foreach as foreach
-from ._routing import Kind, Route, route
-from ._routing import functional_sibling as _functional_sibling, mutated_args as _mutated_args
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._device import is_jax_device, jax_device_of
-from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
-from ..core._errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
 from ..tensor._tensor import JaxTensor, make_view, rebind, root, root_data, set_root_data, write, write_many
+from . import _foreach as foreach
+from ._routing import Kind, Route, route
+from ._routing import functional_sibling as _functional_sibling
+from ._routing import mutated_args as _mutated_args
 
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer
@@ -138,8 +141,11 @@ def _scalar_or_empty(size) -> bool:
     (`matrix_rank`'s tolerances, `batch_norm`'s unused statistics); they carry no float64 data."""
     size = tuple(size) if isinstance(size, (list, tuple)) else (size,)
     return not size or 0 in size
-_SCALAR_FACTORIES = frozenset({aten.zeros.default, aten.ones.default, aten.full.default, aten.empty.memory_format,
-                               aten.scalar_tensor.default})
+
+
+_SCALAR_FACTORIES = frozenset(
+    {aten.zeros.default, aten.ones.default, aten.full.default, aten.empty.memory_format, aten.scalar_tensor.default}
+)
 
 
 def _wrap_out(out):
@@ -150,15 +156,19 @@ def _wrap_out(out):
     return out
 
 
-
-
 # ---- runners --------------------------------------------------------------------------------
 # A runner is `run(ex, args, kwargs)`: built once per op (see `_build_runner`), called with
 # the executor `dispatch` chose for this call (`core._executor.Executor`: EAGER or LAZY).
 def _op_call(func, lowering, floats: bool | None = None) -> OpCall:
     """The executors' record of `func`'s lowering, its registry flags looked up once."""
-    return OpCall(func, lowering, func.name(), random=registry.is_flagged(func, registry.RANDOM),
-                  data_dependent=registry.is_flagged(func, registry.DATA_DEPENDENT), floats=floats)
+    return OpCall(
+        func,
+        lowering,
+        func.name(),
+        random=registry.is_flagged(func, registry.RANDOM),
+        data_dependent=registry.is_flagged(func, registry.DATA_DEPENDENT),
+        floats=floats,
+    )
 
 
 def _make_functional_runner(func, lowering):
@@ -289,7 +299,7 @@ def _make_decomp_runner(func, decomp):
 def _foreach_runner(func) -> Callable | None:
     """`_foreach_add_.List(xs, ys)` and friends: the per-tensor op over the lists."""
     name = func._schema.name.split("::")[1]
-    packet = getattr(aten, name[len("_foreach_"):], None)
+    packet = getattr(aten, name[len("_foreach_") :], None)
     if packet is None:
         return None
     inplace = name.endswith("_")
@@ -333,11 +343,13 @@ def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
     overloads write each result into its list element."""
     op = _op_call(func, multi, floats=True)
     inplace = func._schema.name.endswith("_")
-    check_cast = _cast_check(func, foreach.per_element(func)[0]) if inplace else None
+    element = foreach.per_element(func)
+    check_cast = _cast_check(func, element[0]) if inplace and element is not None else None
 
     def run(ex: Executor, args, kwargs):
         if not foreach.lists_of_jax_tensors(args, kwargs, JaxTensor) or (
-                inplace and foreach.aliased_across(args, kwargs, _root)):
+            inplace and foreach.aliased_across(args, kwargs, _root)
+        ):
             return fallback(ex, args, kwargs)
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
         out = ex.call(op, jargs, jkwargs)
@@ -370,6 +382,7 @@ def _runner_for(r: Route) -> Callable:
         case Kind.SPECIAL:
             return _SPECIAL[func]
         case Kind.FOREACH:
+            assert r.multi is not None and r.fallback is not None  # (a FOREACH route has both)
             return _make_foreach_runner(func, r.multi, _runner_for(r.fallback))
         case Kind.VIEW:
             return _make_view_runner(func, r.lowering)
@@ -382,7 +395,9 @@ def _runner_for(r: Route) -> Callable:
         case Kind.DECOMPOSED:
             return _make_decomp_runner(func, r.decomposition)
         case Kind.FOREACH_LOOP:
-            return _foreach_runner(func)
+            loop = _foreach_runner(func)
+            if loop is not None:  # (a FOREACH_LOOP route has one)
+                return loop
     return _make_unsupported_runner(func)
 
 
@@ -547,9 +562,11 @@ def _is_factory(func, args, kwargs) -> bool:
     device = kwargs.get("device")
     if device is not None:
         return is_jax_device(device)
-    return jax_by_default() and not any(isinstance(a, torch.Tensor) for a in args) and "device" in {
-        a.name for a in func._schema.arguments
-    }
+    return (
+        jax_by_default()
+        and not any(isinstance(a, torch.Tensor) for a in args)
+        and "device" in {a.name for a in func._schema.arguments}
+    )
 
 
 class JaxDispatchMode(TorchDispatchMode):

@@ -21,7 +21,8 @@ Example:
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,8 @@ import numpy as np
 import torch
 
 from ..core import _lazy
-from ._device import JAX_DEVICE
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
+from ._device import JAX_DEVICE
 
 _Lazy = _lazy.LazyArray
 
@@ -70,7 +71,7 @@ class JaxTensor(torch.Tensor):
 
     _jt_elem: Any
     # a new tensor is a root: these class-level defaults hold until a view or a write sets its own
-    _jt_base: "JaxTensor | None" = None
+    _jt_base: JaxTensor | None = None
     _jt_view_fn: Callable | None = None
     _jt_version: int = 0
 
@@ -83,8 +84,9 @@ class JaxTensor(torch.Tensor):
                 if elem.dtype not in _X64_DEPENDENT:
                     _TORCH_DTYPE[elem.dtype] = dtype
         if requires_grad:
-            r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
-                                                    requires_grad=True, storage_size=_VIRTUAL_STORAGE)
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, elem.shape, dtype=dtype, device=JAX_DEVICE, requires_grad=True, storage_size=_VIRTUAL_STORAGE
+            )
         else:  # (one keyword argument fewer to parse on the hot path)
             r = _make_wrapper(cls, elem.shape, dtype=dtype, device=JAX_DEVICE, storage_size=_VIRTUAL_STORAGE)
         r._jt_elem = elem
@@ -94,7 +96,7 @@ class JaxTensor(torch.Tensor):
 
     # (no `__init__`: `object.__init__` ignores the arguments `__new__` took)
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -175,11 +177,11 @@ class JaxTensor(torch.Tensor):
         """The `jax.Array` behind this tensor (no copy)."""
         return self._concrete("Tensor.jax()")
 
-    def apply_jax(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
+    def apply_jax(self, fn: Callable, *args, **kwargs) -> JaxTensor:
         """A new tensor holding `fn(self.jax(), *args, **kwargs)`."""
         return JaxTensor(fn(self.elem, *args, **kwargs))
 
-    def apply_jax_(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
+    def apply_jax_(self, fn: Callable, *args, **kwargs) -> JaxTensor:
         """Replace this tensor's data with `fn(self.jax(), *args, **kwargs)` (same shape); returns self."""
         write(self, fn(self.elem, *args, **kwargs))
         return self
@@ -192,7 +194,7 @@ class JaxTensor(torch.Tensor):
         """Python numbers (nested lists), like `torch.Tensor.tolist`."""
         return self.cpu().tolist()
 
-    def __repr__(self, *, tensor_contents=None) -> str:
+    def __repr__(self, *, tensor_contents=None) -> str:  # type: ignore[override]
         elem = self._concrete("print/repr of a tensor")
         traced = isinstance(elem, jax.core.Tracer)
         if self.grad_fn is not None:
@@ -329,6 +331,7 @@ def write(t: JaxTensor, value) -> None:
     if root.dtype != t.dtype:
         raise _reinterpreting_view(root, t)
     fn = t._jt_view_fn
+    assert fn is not None  # (a view always has its function)
     old = root._jt_elem
     if fn is _identity and value.shape == old.shape:
         new_root = value
@@ -510,6 +513,10 @@ def own_root(p: JaxTensor, holders: int) -> None:
     if base is None or p._jt_view_fn is not _identity:
         return
     # references now: `p._jt_base`, `base`, getrefcount's argument, plus the caller's
-    if sys.getrefcount(base) == 3 + holders and base.dtype == p.dtype and tuple(base.shape) == tuple(p.shape) \
-            and isinstance(base._jt_elem, jax.Array):
+    if (
+        sys.getrefcount(base) == 3 + holders
+        and base.dtype == p.dtype
+        and tuple(base.shape) == tuple(p.shape)
+        and isinstance(base._jt_elem, jax.Array)
+    ):
         p._jt_elem, p._jt_base, p._jt_view_fn = base._jt_elem, None, None
