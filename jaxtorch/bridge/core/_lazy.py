@@ -48,9 +48,11 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +60,9 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type
 
 from . import _eager as eager
+from ._executor import ARRAY_TYPES, OpCall, bind, signature
 from ._precision import matmul_precision
+from ._random import next_key
 
 # ACTIVE[0]: whether ops on the jax device are recorded. One process-wide switch (torch's
 # autograd runs backward ops on its own thread, which must record too).
@@ -162,9 +166,13 @@ def metrics() -> LazyMetrics:
         ```
     """
     with _lock:
-        return dataclasses.replace(_M, ops_recorded=list(_M.ops_recorded), graph_sizes=list(_M.graph_sizes),
-                                   unplanned=collections.Counter(_M.unplanned),
-                                   fallbacks=collections.Counter(_M.fallbacks))
+        return dataclasses.replace(
+            _M,
+            ops_recorded=list(_M.ops_recorded),
+            graph_sizes=list(_M.graph_sizes),
+            unplanned=collections.Counter(_M.unplanned),
+            fallbacks=collections.Counter(_M.fallbacks),
+        )
 
 
 def clear_metrics() -> None:
@@ -199,15 +207,20 @@ def metrics_report() -> str:
 
 
 # ---- where in the user's code ----------------------------------------------------------
-_PKG_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
-                  for f in (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep + "x", jax.__file__,
-                            __import__("torch").__file__))
+_PKG_DIRS = tuple(
+    os.path.dirname(os.path.abspath(f)) + os.sep
+    for f in (
+        os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep + "x",
+        str(jax.__file__),
+        str(__import__("torch").__file__),
+    )
+)
 _SKIP = (os.sep + "contextlib.py", os.sep + "threading.py")
 
 
 def user_frame() -> tuple[str, int, str] | None:
     """(file, line, function) of the innermost caller outside jaxtorch, torch and jax."""
-    f = sys._getframe(1)
+    f: types.FrameType | None = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
         if not name.startswith(_PKG_DIRS) and not name.endswith(_SKIP) and not name.startswith("<frozen"):
@@ -222,167 +235,91 @@ def _where() -> str:
 
 
 # ---- recording ----------------------------------------------------------------------------
-_KINDS: dict[Any, tuple[int, Callable]] = {}  # structural key of a call -> (kid, fn)
+_KINDS: dict[Any, tuple] = {}  # structural key of an `apply`/`nullary` call -> its kind
 _next_kid = [0]  # never reused (pending nodes keep their kid across `clear_cache`)
-_SHAPES: dict[Any, Any] = {}  # (kid, input avals) -> (output avals, treedef) or _EAGER
 _EAGER = object()
-_STATIC_FLOATS: set = set()  # ops whose lowering needs its Python floats concrete
 _FLOAT = ("float",)
 _NOT_RECORDABLE = eager.NOT_JITTABLE_ERRORS
 _Array = jax.Array
 _ArrayImpl = type(jnp.zeros(()))
+ARRAY_TYPES.add(LazyArray)  # pending values are dynamic inputs of a recorded call
 
 
-_SLOT = eager._SLOT  # where an array goes in a call's static skeleton
+def _new_kind(fn: Callable) -> tuple[int, Callable, dict]:
+    """A node kind: (id, function, inferred output avals per input avals)."""
+    with _lock:
+        kid = _next_kid[0]
+        _next_kid[0] += 1
+    return kid, fn, {}
 
 
-def _split(x, dyn: list, floats: bool):
-    """(hashable key part, skeleton) of one argument; arrays (and floats) go to `dyn`."""
-    t = type(x)
-    if t is LazyArray or isinstance(x, _Array) or (floats and t is float):
-        dyn.append(x)
-        return _SLOT, _SLOT
-    if t is list or t is tuple:
-        parts = [_split(y, dyn, floats) for y in x]
-        return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
-    hash(x)
-    return (t, x), x
-
-
-def _kind(key, make_fn: Callable) -> tuple[int, Callable]:
+def _kind(key, make_fn: Callable) -> tuple[int, Callable, dict]:
     entry = _KINDS.get(key)
     if entry is None:
         with _lock:
             entry = _KINDS.get(key)
             if entry is None:
-                entry = _KINDS[key] = (_next_kid[0], make_fn())
-                _next_kid[0] += 1
+                entry = _KINDS[key] = _new_kind(make_fn())
     return entry
 
 
-def _lowering_fn(lowering: Callable, skel_a, skel_k) -> Callable:
-    def fn(*dyn):
-        it = iter(dyn)
-        args = eager._fill(skel_a, it)
-        kwargs = dict(eager._fill(skel_k, it)) if skel_k else {}
-        with matmul_precision():
-            return lowering(*args, **kwargs)
+class LazyExecutor:
+    """Records each call into the pending graph (lazy mode); see the module docstring.
 
-    return fn
+    Random ops draw their key now (a program input); data-dependent ops execute what they
+    read and run eagerly (their output shape needs values)."""
 
+    pending = True  # tensors are read as they are: pending values stay pending
 
-def _positional_fn(lowering: Callable, sig: list, kwnames: tuple) -> Callable:
-    nk = len(kwnames)
-
-    def fn(*arrays):
-        it = iter(arrays)
-        vals = [next(it) if s is None else s[2] if s[0] is not _DYN_LIST else s[1](next(it) for _ in range(s[2]))
-                for s in sig]
-        with matmul_precision():
-            if nk:
-                return lowering(*vals[:-nk], **dict(zip(kwnames, vals[-nk:])))
-            return lowering(*vals)
-
-    return fn
-
-
-_SIMPLE = (int, bool, float, type(None), str)
-# element types of a list argument: static ints, or a foreach op's arrays / floats (dynamic)
-_INT_TYPES, _ARRAY_TYPES, _FLOAT_TYPES = frozenset({int, bool}), frozenset({LazyArray, _ArrayImpl}), frozenset({float})
-_DYN_LIST = object()  # in a `_flat` signature: (_DYN_LIST, list or tuple, length): a list of dynamic inputs
+    def call(self, op: OpCall, jargs: list, jkwargs: dict) -> Any:
+        """Record `op.lowering(*jargs, **jkwargs)`; `LazyArray` outputs."""
+        if op.plain:
+            pass
+        elif op.random:
+            jkwargs["key"] = next_key(op.func)
+        else:  # data-dependent
+            jargs, jkwargs = force_tree((jargs, jkwargs), f"{op.name} (output shape depends on values)")
+            return op.lowering(*jargs, **jkwargs)
+        if not op.floats_static:  # the common case, inline: a known signature
+            sig = signature(jargs, jkwargs, op.floats)
+            if sig is not None:
+                entry = op.kinds.get(sig[0])
+                if entry is not None:
+                    out = _record(entry, sig[1], op.name)
+                    if out is not _EAGER:
+                        return out
+        return record(op, jargs, jkwargs)
 
 
-def _flat(func, lowering: Callable, jargs: list, jkwargs: dict):
-    """The common call (arrays, scalars, strings, dtypes, None, lists of ints/bools as
-    positional or keyword arguments) keyed without recursion: (kind, dynamic inputs), or
-    None for anything else (nested arrays, other objects, floats with no array: `_split`'s
-    general path)."""
-    floats = func not in _STATIC_FLOATS
-    arrays = dyn_floats = False
-    sig: list = []  # per argument: None (a dynamic input) or (type, key, value)
-    keys: list = []
-    dyn: list = []
-    kwnames = tuple(jkwargs)
-    for a in (*jargs, *jkwargs.values()) if kwnames else jargs:
-        t = type(a)
-        if t is LazyArray or t is _ArrayImpl:
-            arrays = True
-            dyn.append(a)
-            sig.append(None)
-            keys.append(None)
-        elif t is float and floats:
-            dyn_floats = True
-            dyn.append(a)
-            sig.append(None)
-            keys.append(None)
-        elif t in _SIMPLE or isinstance(a, np.dtype):
-            k = (t, a.hex() if t is float else a)  # (0.0 and -0.0 differ)
-            sig.append((*k, a))
-            keys.append(k)
-        elif t is list or t is tuple:
-            types = set(map(type, a))
-            if types <= _INT_TYPES:
-                v = tuple(a)
-                k = (t, (v, tuple(map(type, a))))  # ([1, 0] and [True, False] differ)
-                sig.append((*k, t(v)))
-                keys.append(k)
-            elif types <= _ARRAY_TYPES or (floats and types == _FLOAT_TYPES):  # (a foreach op's lists)
-                arrays = arrays or bool(types)  # ([] makes no array)
-                dyn_floats = dyn_floats or types == _FLOAT_TYPES
-                dyn.extend(a)
-                k = (_DYN_LIST, t, len(a))
-                sig.append(k)
-                keys.append(k)
-            else:
-                return None
-        else:
-            return None
-    if dyn_floats and not arrays:
-        return None  # (a factory: its float arguments stay static, see `_split`)
-    key = ("flat", func, tuple(keys), kwnames)
-    entry = _KINDS.get(key)
-    if entry is None:
-        entry = _kind(key, lambda: _positional_fn(lowering, sig, kwnames))
-    return entry, dyn
+LAZY = LazyExecutor()
 
 
-def call_lowering(func, lowering: Callable, jargs: list, jkwargs: dict, name: str | None = None,
-                  floats: bool | None = None):
-    """Record `lowering(*jargs, **jkwargs)` (arrays or `LazyArray`s); LazyArray outputs.
+def record(op: OpCall, jargs: list, jkwargs: dict):
+    """Record `op.lowering(*jargs, **jkwargs)` (arrays or `LazyArray`s); LazyArray outputs.
 
-    Python floats are inputs of the node when an argument is an array (or when `floats`).
-    An unhashable static argument, or a lowering that needs concrete values, runs eagerly
-    on executed inputs instead (counted in `metrics().fallbacks`).
+    Python floats are inputs of the node when an argument is an array (or when
+    `op.floats`). An unhashable static argument, or a lowering that needs concrete values,
+    runs eagerly on executed inputs instead (counted in `metrics().fallbacks`).
     """
-    if name is None:
-        name = func.name()
-    flat = _flat(func, lowering, jargs, jkwargs)
-    if flat is not None:
-        out = _record(flat[0], flat[1], name)
-        if out is not _EAGER:
-            return out  # (otherwise the general path below decides)
-    if floats is None:
-        floats = any(type(a) is LazyArray or isinstance(a, _Array) for a in jargs)
-    floats = floats and func not in _STATIC_FLOATS
     while True:
-        dyn: list = []
-        try:
-            key_a, skel_a = _split(jargs, dyn, floats)
-            key_k, skel_k = _split(tuple(jkwargs.items()), dyn, floats) if jkwargs else ((), ())
-            entry = _kind((func, key_a, key_k), lambda: _lowering_fn(lowering, skel_a, skel_k))
-        except TypeError:
-            return _fallback(func, lowering, jargs, jkwargs, "unhashable static argument")
-        out = _record(entry, dyn, name)
+        floats = False if op.floats_static else op.floats
+        sig = signature(jargs, jkwargs, floats)
+        if sig is None:
+            return _fallback(op, jargs, jkwargs, "unhashable static argument")
+        key, dyn, plan = sig
+        entry = op.kinds.get(key)
+        if entry is None:
+            entry = op.kinds[key] = _new_kind(bind(op.lowering, plan, matmul_precision))
+        out = _record(entry, dyn, op.name)
         if out is not _EAGER:
             return out
-        if not floats or not any(type(x) is float for x in dyn):
-            return _fallback(func, lowering, jargs, jkwargs, "needs concrete values")
+        if floats is False or not any(type(x) is float for x in dyn):
+            return _fallback(op, jargs, jkwargs, "needs concrete values")
         # the lowering branches on a Python float: keep floats static for this op (a new
         # value compiles a new program, which `metrics()` shows)
         with _lock:
-            _STATIC_FLOATS.add(func)
-            _M.fallbacks[f"{func.name()} (Python float arguments made static)"] += 1
-        floats = False
+            op.floats_static = True
+            _M.fallbacks[f"{op.name} (Python float arguments made static)"] += 1
 
 
 def apply(key, fn: Callable, *inputs):
@@ -406,16 +343,15 @@ def nullary(key, fn: Callable):
     return fn() if out is _EAGER else out
 
 
-def _fallback(func, lowering, jargs, jkwargs, why: str):
-    name = func.name()
+def _fallback(op: OpCall, jargs, jkwargs, why: str):
     with _lock:
-        _M.fallbacks[f"{name} ({why})"] += 1
-    jargs, jkwargs = force_tree((list(jargs), jkwargs), f"{name} (runs eagerly: {why})")
-    return eager.run(func, lowering, jargs, jkwargs)
+        _M.fallbacks[f"{op.name} ({why})"] += 1
+    jargs, jkwargs = force_tree((list(jargs), jkwargs), f"{op.name} (runs eagerly: {why})")
+    return eager.run(op, jargs, jkwargs)
 
 
 def _record(entry, dyn: list, name: str):
-    kid, fn = entry
+    kid, fn, shapes_of = entry
     ins = []
     avals = []
     for x in dyn:
@@ -432,10 +368,10 @@ def _record(entry, dyn: list, name: str):
             continue
         ins.append(x)
         avals.append((x.shape, x.dtype, x.weak_type if type(x) is _ArrayImpl else getattr(x, "weak_type", False)))
-    akey = (kid, tuple(avals))
-    shapes = _SHAPES.get(akey)
+    akey = tuple(avals)
+    shapes = shapes_of.get(akey)
     if shapes is None:
-        shapes = _SHAPES[akey] = _infer(fn, ins)
+        shapes = shapes_of[akey] = _infer(fn, ins)
     if shapes is _EAGER:
         return _EAGER
     if _pending_ops[0] >= _max_ops[0]:
@@ -450,8 +386,7 @@ def _record(entry, dyn: list, name: str):
 
 def _infer(fn: Callable, ins: list):
     """(output avals (shape, dtype, weak_type), treedef or None for a single array), or _EAGER."""
-    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type) if type(x) is LazyArray else x
-            for x in ins]
+    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type) if type(x) is LazyArray else x for x in ins]
     try:
         out = jax.eval_shape(fn, *args)
     except _NOT_RECORDABLE:
@@ -460,7 +395,7 @@ def _infer(fn: Callable, ins: list):
     if not all(isinstance(s, jax.ShapeDtypeStruct) for s in leaves):
         return _EAGER
     avals = tuple((s.shape, s.dtype, s.weak_type) for s in leaves)
-    if treedef.num_leaves == 1 and not treedef.children():
+    if treedef.num_leaves == 1 and not treedef.children():  # type: ignore[attr-defined]
         return avals, None
     return avals, treedef
 
@@ -492,7 +427,7 @@ def _linearize(targets: list[LazyArray]):
     kid_seen: dict[int, int] = {}
     lazy_t = LazyArray
     for t in targets:
-        stack = [t.node]
+        stack: list[Any] = [t.node]  # (pending targets have nodes)
         while stack:
             n = stack[-1]
             if id(n) in node_pos:
@@ -506,7 +441,7 @@ def _linearize(targets: list[LazyArray]):
             if pushed:
                 continue
             stack.pop()
-            refs = []
+            refs: list[Any] = []
             occ = -1
             for j, x in enumerate(n.inputs):
                 direct = 1
@@ -673,7 +608,10 @@ def materialize(targets: list[LazyArray], reason: str | None = None, donate: boo
             _M.cache_hits += 1
             new = False
         del order
-        donated, kept, floats, fl = [], [], [], iter(dynamic)
+        donated: list = []
+        kept: list = []
+        floats: Any = []
+        fl = iter(dynamic)
         for x, d in zip(leaves, mask):
             if d:
                 donated.append(x)
@@ -758,28 +696,33 @@ def sync(reason: str | None = None) -> None:
     """
     with _lock:
         refs = _TRACKED[:]
-        del _TRACKED[:len(refs)]
+        del _TRACKED[: len(refs)]
         if reason is None and (refs or _pending_ops[0]):  # (an empty sync is no step)
             _M.mark_steps += 1
             _M.ops_recorded.append(_pending_ops[0])
             del _M.ops_recorded[:-_HISTORY]
             _pending_ops[0] = 0
-    tensors = _live(refs)
-    roots = []
-    for t in tensors:
-        base = t._jt_base
-        root = t if base is None else base
-        if type(root._jt_elem) is LazyArray:
-            roots.append(root)
-    materialize([r._jt_elem for r in roots], reason, donate=True)
-    for r in roots:
-        e = r._jt_elem
-        if type(e) is LazyArray:
-            r._jt_elem = e.value
-    for t in tensors:
-        if t._jt_base is not None and type(t._jt_elem) is LazyArray:
-            t._jt_elem = None  # replayed from its (now executed) root on next use
-            t._jt_version = -1
+    _settle[0](_live(refs), reason)
+
+
+def _settle_nothing(tracked: list, reason: str | None) -> None:
+    """Before the tensor layer installs its own (`install_settle`), nothing is tracked."""
+
+
+_settle: list[Callable[[list, str | None], None]] = [_settle_nothing]
+
+
+def install_settle(fn: Callable[[list, str | None], None]) -> None:
+    """Install `fn(tracked, reason)`, which executes what the live `tracked` objects (those
+    given to `track`) hold pending and stores the values in them; `sync` calls it. The
+    tensor layer installs it at import (this layer knows no tensors).
+
+    **Example:**
+        ```python
+        install_settle(lambda tensors, reason: materialize([...], reason, donate=True))
+        ```
+    """
+    _settle[0] = fn
 
 
 def pending_ops() -> int:
@@ -797,7 +740,9 @@ def _graph_limit() -> None:
         f"graph is executed now (at {where}). Call `jaxtorch.xla.mark_step()` (or `jaxtorch.sync()`) once per "
         "iteration, e.g. after `optimizer.step()`; the limit is `jaxtorch.lazy(max_graph_ops=...)` or "
         "JAXTORCH_LAZY_MAX_OPS.",
-        LazyGraphWarning, stacklevel=2)
+        LazyGraphWarning,
+        stacklevel=2,
+    )
     _pending_ops[0] = 0
     sync(f"graph limit ({_max_ops[0]} ops)")
 
@@ -844,9 +789,10 @@ def lazy(max_graph_ops: int | None = None):
 
 
 def clear_cache() -> None:
-    """Forget recorded-op kinds, inferred shapes and compiled programs (after re-registering a lowering)."""
+    """Forget compiled programs, float sites and the kinds of `apply`/`nullary` calls. An op's
+    own kinds and inferred shapes live in its `OpCall`, dropped with the dispatcher's runners
+    (`invalidate_cache`, after re-registering a lowering)."""
     with _lock:
         _PROGRAMS.clear()
-        _SHAPES.clear()
         _KINDS.clear()
         _FLOAT_SITES.clear()

@@ -26,7 +26,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ def per_element(func) -> tuple[Any, list[bool], list] | None:
     """(per-element functional overload, which foreach arguments are lists, the call plan
     (see `_plan`)), or None when no per-element overload matches."""
     schema = func._schema
-    name = schema.name.split("::")[1][len("_foreach_"):]
+    name = schema.name.split("::")[1][len("_foreach_") :]
     if schema.overload_name.endswith("out"):
         return None
     base = name[:-1] if name.endswith("_") else name
@@ -112,7 +113,7 @@ def multi_lowering(func, elem_lowering: Callable, is_list: list[bool], plan: lis
     defaults = [a.default_value if a.has_default_value() else None for a in schema_args]
 
     def lowering(*args, **kwargs):
-        vals = list(args) + [kwargs.get(n, d) for n, d in zip(names[len(args):], defaults[len(args):])]
+        vals = list(args) + [kwargs.get(n, d) for n, d in zip(names[len(args) :], defaults[len(args) :])]
         n = len(next(v for v, lst in zip(vals, is_list) if lst))
         out = []
         for j in range(n):

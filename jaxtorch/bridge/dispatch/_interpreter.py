@@ -2,9 +2,12 @@
 
 Data flows one way: torch value -> `jax_view` -> JAX lowering -> `torch_view` -> torch
 value. `dispatch` is the single entry point, called by `JaxTensor.__torch_dispatch__`
-and by `JaxDispatchMode`. For each `OpOverload` it builds, once, a small runner that knows
-how the op treats its arguments (functional, view, in-place, `out=`), and caches it. Which
-runner is decided by the op's route (`_routing.route`, the table `jaxtorch.coverage` reads too):
+and by `JaxDispatchMode` (`JaxTensor` calls it through `_tensor.install_dispatch`). For each
+`OpOverload` it builds, once, a small runner that knows how the op treats its arguments
+(functional, view, in-place, `out=`), and caches it; each call passes the runner the
+executor chosen for that call (`core._executor`: `LAZY` in lazy mode outside a JAX trace,
+else `EAGER`), which runs or records the lowering. Which runner is decided by the op's route
+(`_routing.route`, the table `jaxtorch.coverage` reads too):
 
 1. a registered lowering (`jaxtorch.ops.registry`) runs on the unwrapped arguments;
 2. in-place (`add_`) and `out=` overloads run the functional overload and write back;
@@ -20,29 +23,34 @@ named scope while tracing.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 import torch
+from jax._src import core as _jax_core
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from jax._src import core as _jax_core
-
 from ... import ops as _ops  # noqa: F401  (registers all lowerings)
 from ...ops import registry
-from ..core import _eager as eager, _lazy as lazy, _tracing as tracing
-from . import _foreach as foreach
-from ._routing import Kind, Route, route
-from ._routing import functional_sibling as _functional_sibling, mutated_args as _mutated_args
+from ..core import _eager as eager
+from ..core import _lazy as lazy
+from ..core import _tracing as tracing
+from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
+from ..core._eager import EAGER
+from ..core._errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
+from ..core._executor import Executor, OpCall, signature
+from ..core._lazy import LAZY
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._device import is_jax_device, jax_device_of
-from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
-from ..core._errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
-from ..core._random import next_key
-from ..tensor._tensor import JaxTensor, make_view, rebind, write, write_many
+from ..tensor._tensor import JaxTensor, make_view, rebind, root, root_data, set_root_data, write, write_many
+from . import _foreach as foreach
+from ._routing import Kind, Route, route
+from ._routing import functional_sibling as _functional_sibling
+from ._routing import mutated_args as _mutated_args
 
 aten = torch.ops.aten
 _Tracer = jax.core.Tracer
@@ -78,6 +86,11 @@ def _to_jax_arg(x, func, raw: bool = False):
     if t in _PLAIN:
         return x
     if t is list or t is tuple:
+        for y in x:  # a list of Python scalars (a size, dims) is passed as it is
+            if type(y) not in _PLAIN:
+                break
+        else:
+            return x
         out = []
         for y in x:
             ty = type(y)
@@ -103,16 +116,24 @@ def _to_jax_arg(x, func, raw: bool = False):
     return x
 
 
-def _unwrap_args(args, kwargs, func):
-    jargs = [a.elem if type(a) is JaxTensor else _to_jax_arg(a, func) for a in args]
+def _unwrap_args(args, kwargs, func, pending: bool):
+    """The JAX values of an op's arguments: tensors' arrays (`pending`: as they are, a lazy
+    executor's pending values included; else executed), the rest via `_to_jax_arg`."""
+    jargs = []
+    for a in args:  # (a loop, not a comprehension: no function object per call)
+        if type(a) is JaxTensor:
+            jargs.append(a._raw() if pending else a.elem)
+        else:
+            jargs.append(_to_jax_arg(a, func, pending))
     if not kwargs:
         return jargs, {}
     if func in _SCALAR_FACTORIES and kwargs.get("dtype") in _WIDE and _scalar_or_empty(args[0] if args else ()):
         kwargs = {**kwargs, "dtype": scalar_jax_dtype(kwargs["dtype"])}  # see dtypes
-    return jargs, {k: _to_jax_arg(v, func) for k, v in kwargs.items()}
+    return jargs, {k: _to_jax_arg(v, func, pending) for k, v in kwargs.items()}
 
 
 _WIDE = (torch.float64, torch.complex128)
+_X64_DEPENDENT = frozenset({np.dtype("int32"), np.dtype("uint32")})  # torch dtype depends on x64
 
 
 def _scalar_or_empty(size) -> bool:
@@ -120,15 +141,11 @@ def _scalar_or_empty(size) -> bool:
     (`matrix_rank`'s tolerances, `batch_norm`'s unused statistics); they carry no float64 data."""
     size = tuple(size) if isinstance(size, (list, tuple)) else (size,)
     return not size or 0 in size
-_SCALAR_FACTORIES = frozenset({aten.zeros.default, aten.ones.default, aten.full.default, aten.empty.memory_format,
-                               aten.scalar_tensor.default})
 
 
-def _unwrap_args_lazy(args, kwargs, func):
-    """`_unwrap_args` keeping pending values as `LazyArray`s."""
-    jargs = [a._raw() if type(a) is JaxTensor else _to_jax_arg(a, func, True) for a in args]
-    jkwargs = {k: _to_jax_arg(v, func, True) for k, v in kwargs.items()} if kwargs else {}
-    return jargs, jkwargs
+_SCALAR_FACTORIES = frozenset(
+    {aten.zeros.default, aten.ones.default, aten.full.default, aten.empty.memory_format, aten.scalar_tensor.default}
+)
 
 
 def _wrap_out(out):
@@ -139,115 +156,30 @@ def _wrap_out(out):
     return out
 
 
-def _has_tracer(jargs) -> bool:
-    for a in jargs:
-        if isinstance(a, _Tracer):
-            return True
-        if isinstance(a, (list, tuple)) and any(isinstance(b, _Tracer) for b in a):
-            return True
-    return False
-
-
 # ---- runners --------------------------------------------------------------------------------
-def _lowering_caller(func, lowering, floats: bool | None = None) -> Callable:
-    """`call(args, kwargs) -> (out, jargs, jkwargs)` for one op; flags looked up once.
-
-    `floats`: whether Python floats are traced inputs of the cached jit (default: when an
-    argument is an array; see `eager.run`)."""
-    random = registry.is_flagged(func, registry.RANDOM)
-    data_dependent = registry.is_flagged(func, registry.DATA_DEPENDENT)
-    name = func.name()
-    eager_run = eager.run
-
-    def call(args, kwargs):
-        jargs, jkwargs = _unwrap_args(args, kwargs, func)
-        if random:
-            jkwargs["key"] = next_key(func)
-        traced = _has_tracer(jargs) or (jkwargs and any(isinstance(v, _Tracer) for v in jkwargs.values()))
-        try:
-            if traced:
-                if data_dependent:
-                    raise DataDependentError(func)
-                with jax.named_scope(name):
-                    return lowering(*jargs, **jkwargs), jargs, jkwargs
-            if random or data_dependent:
-                return lowering(*jargs, **jkwargs), jargs, jkwargs
-            return eager_run(func, lowering, jargs, jkwargs, floats), jargs, jkwargs
-        except jax.errors.ConcretizationTypeError as e:
-            raise DataDependentError(func, str(e).splitlines()[0]) from e
-
-    return call
+# A runner is `run(ex, args, kwargs)`: built once per op (see `_build_runner`), called with
+# the executor `dispatch` chose for this call (`core._executor.Executor`: EAGER or LAZY).
+def _op_call(func, lowering, floats: bool | None = None) -> OpCall:
+    """The executors' record of `func`'s lowering, its registry flags looked up once."""
+    return OpCall(
+        func,
+        lowering,
+        func.name(),
+        random=registry.is_flagged(func, registry.RANDOM),
+        data_dependent=registry.is_flagged(func, registry.DATA_DEPENDENT),
+        floats=floats,
+    )
 
 
-def _lazy_lowering_caller(func, lowering, floats: bool | None = None) -> Callable:
-    """`_lowering_caller` for lazy mode: the call is recorded (see `lazy`), not run.
+def _make_functional_runner(func, lowering):
+    op = _op_call(func, lowering)
 
-    Data-dependent ops run eagerly on executed inputs (their output shape needs values).
-    """
-    random = registry.is_flagged(func, registry.RANDOM)
-    data_dependent = registry.is_flagged(func, registry.DATA_DEPENDENT)
-    name = func.name()
-
-    def call(args, kwargs):
-        jargs, jkwargs = _unwrap_args_lazy(args, kwargs, func)
-        if random:
-            jkwargs["key"] = next_key(func)
-        if data_dependent:
-            jargs, jkwargs = lazy.force_tree((jargs, jkwargs), f"{name} (output shape depends on values)")
-            return lowering(*jargs, **jkwargs), jargs, jkwargs
-        return lazy.call_lowering(func, lowering, jargs, jkwargs, name, floats), jargs, jkwargs
-
-    return call
-
-
-_SCALARS = (int, float, bool, type(None))
-
-
-def _make_functional_runner(func, lowering, lazy_mode: bool = False):
-    if lazy_mode:
-        lazy_call = _lazy_lowering_caller(func, lowering)
-        return lambda args, kwargs: _wrap_out(lazy_call(args, kwargs)[0])
-    call = _lowering_caller(func, lowering)
-    plain = not (registry.is_flagged(func, registry.RANDOM) or registry.is_flagged(func, registry.DATA_DEPENDENT))
-    jit_cache: dict = {}
-    eager_on = eager.enabled()
-
-    def run(args, kwargs):
-        # Fast path, the common eager case: JaxTensors holding concrete arrays and Python
-        # scalars, no kwargs. One cached jax.jit per op and scalar signature.
-        if plain and eager_on and not kwargs:
-            dyn = []
-            sig = []
-            tensors = 0
-            for a in args:
-                t = type(a)
-                if t is JaxTensor:
-                    e = a._jt_elem if a._jt_base is None else a.elem
-                    if type(e) is not _ArrayImpl:
-                        break
-                    dyn.append(e)
-                    sig.append(None)
-                    tensors += 1
-                elif t is float:  # traced (weakly typed): a new value needs no new compile
-                    dyn.append(a)
-                    sig.append(None)
-                elif t in _SCALARS:
-                    sig.append((t, a))
-                else:
-                    break
-            else:
-                if not tensors:  # a factory: float arguments decide the dtype, so they stay static
-                    return _wrap_out(call(args, kwargs)[0])
-                key = tuple(sig)
-                fn = jit_cache.get(key)
-                if fn is None:
-                    fn = jit_cache[key] = eager.jit_positional(lowering, sig)
-                if fn is not eager.NOT_JITTABLE:
-                    try:
-                        return _wrap_out(fn(*dyn))
-                    except eager.NOT_JITTABLE_ERRORS:
-                        jit_cache[key] = eager.NOT_JITTABLE
-        return _wrap_out(call(args, kwargs)[0])
+    def run(ex: Executor, args, kwargs):
+        jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
+        out = ex.call(op, jargs, jkwargs)
+        if type(out) is _Lazy or type(out) is _ArrayImpl:  # (the common case, inline)
+            return JaxTensor(out)
+        return _wrap_out(out)
 
     return run
 
@@ -256,41 +188,40 @@ class _ViewFn:
     """The view `lowering(a, *rest, **kw)` (output `index` of a multi-output view) of a root
     array `a`; replayed when the root changes. Pending roots record the view (lazy mode)."""
 
-    __slots__ = ("func", "lowering", "rest", "kw", "index")
+    __slots__ = ("op", "rest", "kw", "index")
 
-    def __init__(self, func, lowering, rest, kw, index):
-        self.func, self.lowering, self.rest, self.kw, self.index = func, lowering, rest, kw, index
+    def __init__(self, op: OpCall, rest, kw, index):
+        self.op, self.rest, self.kw, self.index = op, rest, kw, index
 
     def __call__(self, a):
         if type(a) is _Lazy:
-            out = lazy.call_lowering(self.func, self.lowering, [a, *self.rest], self.kw)
+            out = lazy.record(self.op, [a, *self.rest], self.kw)
         else:
-            out = self.lowering(a, *self.rest, **self.kw)
+            out = self.op.lowering(a, *self.rest, **self.kw)
         return out if self.index is None else out[self.index]
 
     @property
     def key(self):
         """Structural key (None when an argument is an array: not recordable as a write)."""
-        dyn: list = []
-        try:
-            k = lazy._split((tuple(self.rest), tuple(self.kw.items())), dyn, False)[0]
-        except TypeError:
+        sig = signature(list(self.rest), self.kw, False)
+        if sig is None or sig[1]:
             return None
-        return None if dyn else ("view", self.func, k, self.index)
+        return ("view", self.op.func, sig[0], self.index)
 
 
-def _make_view_runner(func, lowering, lazy_mode: bool = False):
-    call = _lazy_lowering_caller(func, lowering) if lazy_mode else _lowering_caller(func, lowering)
+def _make_view_runner(func, lowering):
+    op = _op_call(func, lowering)
 
-    def run(args, kwargs):
-        out, jargs, jkwargs = call(args, kwargs)
+    def run(ex: Executor, args, kwargs):
+        jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
+        out = ex.call(op, jargs, jkwargs)
         base = args[0]
         if not isinstance(base, JaxTensor):
             return _wrap_out(out)
         rest, kw = jargs[1:], jkwargs
         if isinstance(out, (list, tuple)):
-            return type(out)(make_view(base, o, _ViewFn(func, lowering, rest, kw, i)) for i, o in enumerate(out))
-        return make_view(base, out, _ViewFn(func, lowering, rest, kw, None))
+            return type(out)(make_view(base, o, _ViewFn(op, rest, kw, i)) for i, o in enumerate(out))
+        return make_view(base, out, _ViewFn(op, rest, kw, None))
 
     return run
 
@@ -306,13 +237,21 @@ def _cast_check(func, elementwise_op=None) -> Callable | None:
     if pointwise not in func.tags and (sibling is None or pointwise not in sibling.tags):
         return None
 
+    castable: set = set()  # (result dtype, tensor dtype) pairs seen to cast
+
     def check(value, t) -> None:
+        pair = (value.dtype, t.dtype)
+        if pair in castable:
+            return
         result = to_torch_dtype(value.dtype)
-        if result != t.dtype and not torch.can_cast(result, t.dtype):
-            raise RuntimeError(
-                f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
-                f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
-            )
+        if result == t.dtype or torch.can_cast(result, t.dtype):
+            if value.dtype not in _X64_DEPENDENT:
+                castable.add(pair)
+            return
+        raise RuntimeError(
+            f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
+            f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
+        )
 
     return check
 
@@ -322,8 +261,8 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
 
-    def run(args, kwargs):
-        result = compute(args, kwargs)
+    def run(ex: Executor, args, kwargs):
+        result = compute(ex, args, kwargs)
         targets = []
         for i, name, kw_only in positions:
             t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
@@ -351,7 +290,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
 
 
 def _make_decomp_runner(func, decomp):
-    def run(args, kwargs):
+    def run(ex: Executor, args, kwargs):  # (the decomposition's ops are dispatched one by one)
         return decomp(*args, **kwargs)
 
     return run
@@ -360,7 +299,7 @@ def _make_decomp_runner(func, decomp):
 def _foreach_runner(func) -> Callable | None:
     """`_foreach_add_.List(xs, ys)` and friends: the per-tensor op over the lists."""
     name = func._schema.name.split("::")[1]
-    packet = getattr(aten, name[len("_foreach_"):], None)
+    packet = getattr(aten, name[len("_foreach_") :], None)
     if packet is None:
         return None
     inplace = name.endswith("_")
@@ -371,7 +310,7 @@ def _foreach_runner(func) -> Callable | None:
     n_pos = len([a for a in widest.arguments if not a.kwarg_only])
     kw_names = [a.name for a in widest.arguments if a.kwarg_only]
 
-    def run(args, kwargs):
+    def run(ex: Executor, args, kwargs):
         lists = [i for i, a in enumerate(args) if isinstance(a, (list, tuple))]
         n = len(args[lists[0]]) if lists else 0
         extra = dict(zip(kw_names, args[n_pos:]))
@@ -385,32 +324,35 @@ def _foreach_runner(func) -> Callable | None:
     return run
 
 
-def _sibling_compute(func, sibling, mutated, lazy_mode: bool) -> Callable:
+def _sibling_compute(func, sibling, mutated) -> Callable:
     """The functional sibling's runner, called with an `out=` variant's out arguments dropped."""
-    inner = _runner(sibling, lazy_mode)
+    inner = _runner(sibling)
     if func._schema.name.endswith("_"):  # in-place: same arguments
         return inner
     names = {m[1] for m in mutated}
     n_pos = len([a for a in sibling._schema.arguments if not a.kwarg_only])
 
-    def compute(args, kwargs):
-        return inner(args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
+    def compute(ex: Executor, args, kwargs):
+        return inner(ex, args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
 
     return compute
 
 
-def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Callable) -> Callable:
+def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
     """A foreach op as one call of `multi` over its lists (see `foreach`); the in-place
     overloads write each result into its list element."""
-    call = (_lazy_lowering_caller if lazy_mode else _lowering_caller)(func, multi, floats=True)
+    op = _op_call(func, multi, floats=True)
     inplace = func._schema.name.endswith("_")
-    check_cast = _cast_check(func, foreach.per_element(func)[0]) if inplace else None
+    element = foreach.per_element(func)
+    check_cast = _cast_check(func, element[0]) if inplace and element is not None else None
 
-    def run(args, kwargs):
+    def run(ex: Executor, args, kwargs):
         if not foreach.lists_of_jax_tensors(args, kwargs, JaxTensor) or (
-                inplace and foreach.aliased_across(args, kwargs, _root)):
-            return fallback(args, kwargs)
-        out = call(args, kwargs)[0]
+            inplace and foreach.aliased_across(args, kwargs, _root)
+        ):
+            return fallback(ex, args, kwargs)
+        jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
+        out = ex.call(op, jargs, jkwargs)
         if not inplace:
             return [JaxTensor(o) for o in out]
         if check_cast is not None:
@@ -422,66 +364,63 @@ def _make_foreach_runner(func, multi: Callable, lazy_mode: bool, fallback: Calla
     return run
 
 
-def _root(t):
-    """The tensor whose array `t` reads (itself, or a view's root)."""
-    base = getattr(t, "_jt_base", None)
-    return t if base is None else base
+_root = root  # the tensor whose array `t` reads (itself, or a view's root)
 
 
-def _build_runner(func, lazy_mode: bool = False) -> Callable:
+def _build_runner(func) -> Callable:
     """The runner of `func`, as its route says (see `_routing`)."""
-    return _runner_for(route(func), lazy_mode)
+    return _runner_for(route(func))
 
 
-def _runner_for(r: Route, lazy_mode: bool) -> Callable:
+def _runner_for(r: Route) -> Callable:
     """The runner that carries out the route `r` (one builder per route kind).
 
-    Example: `_runner_for(route(aten.add_.Tensor), False)` runs `add.Tensor`'s runner, then writes back.
+    Example: `_runner_for(route(aten.add_.Tensor))` runs `add.Tensor`'s runner, then writes back.
     """
     func = r.op
     match r.kind:
         case Kind.SPECIAL:
             return _SPECIAL[func]
         case Kind.FOREACH:
-            return _make_foreach_runner(func, r.multi, lazy_mode, _runner_for(r.fallback, lazy_mode))
+            assert r.multi is not None and r.fallback is not None  # (a FOREACH route has both)
+            return _make_foreach_runner(func, r.multi, _runner_for(r.fallback))
         case Kind.VIEW:
-            return _make_view_runner(func, r.lowering, lazy_mode)
+            return _make_view_runner(func, r.lowering)
         case Kind.MUTATING:
-            return _make_mutating_runner(func, _make_functional_runner(func, r.lowering, lazy_mode), r.mutated)
+            return _make_mutating_runner(func, _make_functional_runner(func, r.lowering), r.mutated)
         case Kind.FUNCTIONAL:
-            return _make_functional_runner(func, r.lowering, lazy_mode)
+            return _make_functional_runner(func, r.lowering)
         case Kind.VIA_SIBLING | Kind.SIBLING_DECOMPOSED:
-            return _make_mutating_runner(func, _sibling_compute(func, r.sibling, r.mutated, lazy_mode), r.mutated)
+            return _make_mutating_runner(func, _sibling_compute(func, r.sibling, r.mutated), r.mutated)
         case Kind.DECOMPOSED:
             return _make_decomp_runner(func, r.decomposition)
         case Kind.FOREACH_LOOP:
-            return _foreach_runner(func)
+            loop = _foreach_runner(func)
+            if loop is not None:  # (a FOREACH_LOOP route has one)
+                return loop
     return _make_unsupported_runner(func)
 
 
 def _make_unsupported_runner(func) -> Callable:
-    def unsupported(args, kwargs):
+    def unsupported(ex: Executor, args, kwargs):
         raise UnsupportedOpError(func)
 
     return unsupported
 
 
 _RUNNERS: dict[Any, Callable] = {}
-_LAZY_RUNNERS: dict[Any, Callable] = {}
 
 
-def _runner(func, lazy_mode: bool = False) -> Callable:
-    table = _LAZY_RUNNERS if lazy_mode else _RUNNERS
-    r = table.get(func)
+def _runner(func) -> Callable:
+    r = _RUNNERS.get(func)
     if r is None:
-        r = table[func] = _build_runner(func, lazy_mode)
+        r = _RUNNERS[func] = _build_runner(func)
     return r
 
 
 def _forget_runners() -> None:
     """Forget built runners: they hold the lowerings their routes named."""
     _RUNNERS.clear()
-    _LAZY_RUNNERS.clear()
 
 
 # Every registry change (register, unregister, register_op, notify) reaches each cache built from
@@ -496,33 +435,38 @@ def invalidate_cache() -> None:
     registry.notify()
 
 
-def _dispatch_lazy(func, args, kwargs):
-    """`dispatch` in lazy mode: record, except under a JAX trace (`jax.jit`, `jaxtorch.jit`)."""
-    if tracing._published:
-        with tracing.adopted():
-            lazy_now = _jax_core.trace_state_clean()
-            return _runner(func, lazy_now)(args, kwargs)
-    r = _LAZY_RUNNERS.get(func) if _jax_core.trace_state_clean() else _runner(func)
-    if r is None:
-        r = _runner(func, True)
-    return r(args, kwargs)
+_trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
+
+
+def _executor() -> Executor:
+    """Lazy when lazy mode is on and no JAX trace is active; eager otherwise (which, under a
+    trace, calls lowerings directly into it)."""
+    return LAZY if _LAZY_ON[0] and _trace_clean() else EAGER
 
 
 def dispatch(func, args, kwargs):
-    """Run the ATen op `func` on `args`/`kwargs` (which hold `JaxTensor`s) with JAX."""
-    if _LAZY_ON[0]:
-        return _dispatch_lazy(func, args, kwargs)
+    """Run the ATen op `func` on `args`/`kwargs` (which hold `JaxTensor`s) with JAX.
+
+    The op's runner (built once, `_runner`) gets the executor chosen for this call.
+
+    **Example:**
+        ```python
+        out = dispatch(torch.ops.aten.add.Tensor, (x, y), {})   # x, y: JaxTensors
+        ```
+    """
     r = _RUNNERS.get(func)
     if r is None:
         r = _runner(func)
     if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
         with tracing.adopted():
-            return r(args, kwargs)
-    return r(args, kwargs)
+            return r(_executor(), args, kwargs)
+    if _LAZY_ON[0] and _trace_clean():
+        return r(LAZY, args, kwargs)
+    return r(EAGER, args, kwargs)
 
 
 # ---- ops the bridge itself owns: device moves, scalars, aliasing --------------------------
-def _to_copy(args, kwargs):
+def _to_copy(ex, args, kwargs):
     (x,) = args
     device = kwargs.get("device")
     dtype = kwargs.get("dtype")
@@ -543,7 +487,7 @@ def _to_copy(args, kwargs):
     return JaxTensor(a)
 
 
-def _copy_(args, kwargs):
+def _copy_(ex, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, JaxTensor):
         write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
@@ -560,14 +504,14 @@ def _cpu_write(func, dst) -> None:
         raise StateWriteError.cpu_write(func, dst.shape)
 
 
-def _local_scalar_dense(args, kwargs):
+def _local_scalar_dense(ex, args, kwargs):
     a = args[0]._concrete("Tensor.item() / bool() / int() / float()")
     if isinstance(a, _Tracer):
         raise DataDependentError(aten._local_scalar_dense.default, "`.item()`/`bool()`/`int()` of a traced tensor.")
     return np.asarray(a).item()
 
 
-def _lift_fresh(args, kwargs):
+def _lift_fresh(ex, args, kwargs):
     x = args[0]
     if isinstance(x, JaxTensor) or not jax_by_default():
         return x
@@ -589,13 +533,13 @@ def _resized_any(a, size: tuple):
     return lazy.apply(("resize", size), lambda v: _resized(v, size), a) if type(a) is _Lazy else _resized(a, size)
 
 
-def _resize_(args, kwargs):
+def _resize_(ex, args, kwargs):
     t = args[0]
     rebind(t, JaxTensor(_resized_any(t._raw(), tuple(args[1]))))
     return t
 
 
-def _alias_runner(args, kwargs):
+def _alias_runner(ex, args, kwargs):
     x = args[0]
     return make_view(x, x._raw(), None)
 
@@ -605,10 +549,10 @@ _SPECIAL: dict[Any, Callable] = {  # keyed by exactly `_routing.SPECIAL_OPS`
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.lift_fresh.default: _lift_fresh,
-    aten.lift_fresh_copy.default: lambda a, k: _to_copy(a, {}),
+    aten.lift_fresh_copy.default: lambda ex, a, k: _to_copy(ex, a, {}),
     aten.detach.default: _alias_runner,
     aten.resize_.default: _resize_,
-    aten.resize.default: lambda a, k: JaxTensor(_resized_any(a[0]._raw(), tuple(a[1]))),
+    aten.resize.default: lambda ex, a, k: JaxTensor(_resized_any(a[0]._raw(), tuple(a[1]))),
     aten.alias.default: _alias_runner,
 }
 
@@ -618,9 +562,11 @@ def _is_factory(func, args, kwargs) -> bool:
     device = kwargs.get("device")
     if device is not None:
         return is_jax_device(device)
-    return jax_by_default() and not any(isinstance(a, torch.Tensor) for a in args) and "device" in {
-        a.name for a in func._schema.arguments
-    }
+    return (
+        jax_by_default()
+        and not any(isinstance(a, torch.Tensor) for a in args)
+        and "device" in {a.name for a in func._schema.arguments}
+    )
 
 
 class JaxDispatchMode(TorchDispatchMode):
@@ -633,11 +579,11 @@ class JaxDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if JaxTensor in types or any(issubclass(t, JaxTensor) for t in types):
             if func is _LIFT_FRESH:
-                return _lift_fresh(args, kwargs or {})
+                return _lift_fresh(None, args, kwargs or {})
             return dispatch(func, args, kwargs or {})
         kwargs = kwargs or {}
         if func is _LIFT_FRESH:
-            return _lift_fresh(args, kwargs)
+            return _lift_fresh(None, args, kwargs)
         if _is_factory(func, args, kwargs):
             return _place(dispatch(func, args, kwargs), kwargs.get("device"))
         if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
@@ -650,13 +596,14 @@ class JaxDispatchMode(TorchDispatchMode):
 
 def _place(out, device):
     """Put a factory's result on `jax.devices()[N]` for `device="jax:N"`."""
-    if device is None or not isinstance(out, JaxTensor) or out._jt_base is not None:
+    if device is None or not isinstance(out, JaxTensor) or root(out) is not out:
         return out
     target = jax_device_of(device)
-    if target is not None and not isinstance(out._jt_elem, _Tracer):
-        if type(out._jt_elem) is _Lazy and jax.local_device_count() == 1:
+    data = root_data(out)
+    if target is not None and not isinstance(data, _Tracer):
+        if type(data) is _Lazy and jax.local_device_count() == 1:
             return out  # one device: a pending value will be computed there
-        out._jt_elem = jax.device_put(out._concrete(f"placement on {device}"), target)
+        set_root_data(out, jax.device_put(out._concrete(f"placement on {device}"), target))
     return out
 
 
@@ -711,3 +658,6 @@ _backend_lib = torch.library.Library("aten", "IMPL")
 _backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
 _backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
 _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+
+
+_tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`

@@ -21,7 +21,8 @@ Example:
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,8 @@ import numpy as np
 import torch
 
 from ..core import _lazy
-from ._device import JAX_DEVICE
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
+from ._device import JAX_DEVICE
 
 _Lazy = _lazy.LazyArray
 
@@ -40,15 +41,39 @@ _Lazy = _lazy.LazyArray
 _VIRTUAL_STORAGE = 1 << 40
 _TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the dtypes whose torch dtype ignores x64
 _X64_DEPENDENT = frozenset({np.dtype("int32"), np.dtype("uint32")})  # int64/uint64 without x64
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _no_dispatch(func, args, kwargs):
+    raise RuntimeError(f"jaxtorch: {func} on a JaxTensor before the dispatch layer was imported (import jaxtorch)")
+
+
+_dispatch: Callable = _no_dispatch  # the interpreter's `dispatch(func, args, kwargs)`, see `install_dispatch`
+
+
+def install_dispatch(fn: Callable) -> None:
+    """Make `fn(func, args, kwargs)` run every ATen op on a `JaxTensor`.
+
+    The dispatch layer (above this one) installs its interpreter here when it is imported,
+    so this module never imports it; `JaxTensor.__torch_dispatch__` calls `fn` directly.
+
+    **Example:**
+        ```python
+        install_dispatch(interpreter.dispatch)
+        ```
+    """
+    global _dispatch
+    _dispatch = fn
 
 
 class JaxTensor(torch.Tensor):
     """A torch tensor on the `jax` device holding a `jax.Array` or tracer."""
 
     _jt_elem: Any
-    _jt_base: "JaxTensor | None"
-    _jt_view_fn: Callable | None
-    _jt_version: int
+    # a new tensor is a root: these class-level defaults hold until a view or a write sets its own
+    _jt_base: JaxTensor | None = None
+    _jt_view_fn: Callable | None = None
+    _jt_version: int = 0
 
     @staticmethod
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
@@ -58,26 +83,24 @@ class JaxTensor(torch.Tensor):
                 dtype = to_torch_dtype(elem.dtype)
                 if elem.dtype not in _X64_DEPENDENT:
                     _TORCH_DTYPE[elem.dtype] = dtype
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=dtype, device=JAX_DEVICE,
-                                                requires_grad=requires_grad, storage_size=_VIRTUAL_STORAGE)
+        if requires_grad:
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, elem.shape, dtype=dtype, device=JAX_DEVICE, requires_grad=True, storage_size=_VIRTUAL_STORAGE
+            )
+        else:  # (one keyword argument fewer to parse on the hot path)
+            r = _make_wrapper(cls, elem.shape, dtype=dtype, device=JAX_DEVICE, storage_size=_VIRTUAL_STORAGE)
         r._jt_elem = elem
-        r._jt_base = None
-        r._jt_view_fn = None
-        r._jt_version = 0
         if type(elem) is _Lazy:
             _lazy.track(r)
         return r
 
-    def __init__(self, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
-        pass
+    # (no `__init__`: `object.__init__` ignores the arguments `__new__` took)
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from ..dispatch._interpreter import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return _dispatch(func, args, kwargs or {})
 
     # `t.data = other` (used by `Module._apply` for `.half()`, `.to(dtype)`, ...) must move
     # the JAX data along with torch's metadata.
@@ -154,11 +177,11 @@ class JaxTensor(torch.Tensor):
         """The `jax.Array` behind this tensor (no copy)."""
         return self._concrete("Tensor.jax()")
 
-    def apply_jax(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
+    def apply_jax(self, fn: Callable, *args, **kwargs) -> JaxTensor:
         """A new tensor holding `fn(self.jax(), *args, **kwargs)`."""
         return JaxTensor(fn(self.elem, *args, **kwargs))
 
-    def apply_jax_(self, fn: Callable, *args, **kwargs) -> "JaxTensor":
+    def apply_jax_(self, fn: Callable, *args, **kwargs) -> JaxTensor:
         """Replace this tensor's data with `fn(self.jax(), *args, **kwargs)` (same shape); returns self."""
         write(self, fn(self.elem, *args, **kwargs))
         return self
@@ -171,7 +194,7 @@ class JaxTensor(torch.Tensor):
         """Python numbers (nested lists), like `torch.Tensor.tolist`."""
         return self.cpu().tolist()
 
-    def __repr__(self, *, tensor_contents=None) -> str:
+    def __repr__(self, *, tensor_contents=None) -> str:  # type: ignore[override]
         elem = self._concrete("print/repr of a tensor")
         traced = isinstance(elem, jax.core.Tracer)
         if self.grad_fn is not None:
@@ -280,36 +303,53 @@ def view_key(fn: Callable):
 
 
 def write(t: JaxTensor, value) -> None:
-    """Replace the data of `t` with `value` (cast and broadcast to `t`), updating aliases."""
+    """Replace the data of `t` with `value` (cast and broadcast to `t`), updating aliases.
+
+    One path for every value: a cast, broadcast or scatter into the root runs now on
+    arrays and tracers, and is recorded (`_lazy.apply`) when the value or the root is
+    pending (lazy mode).
+
+    **Example:**
+        ```python
+        write(t, jnp.zeros(t.shape))      # t and every view of its root see zeros
+        ```
+    """
     if write_checks:
         _check_write(t)
-    if type(value) is _Lazy or (t._jt_base is not None and type(t._jt_base._jt_elem) is _Lazy):
-        return _write_lazy(t, value)
-    target_dtype = to_jax_dtype(t.dtype)
-    if not isinstance(value, jax.Array):
+    dtype, shape = to_jax_dtype(t.dtype), tuple(t.shape)
+    if type(value) is not _Lazy and not isinstance(value, jax.Array):
         value = jnp.asarray(value)
-    if value.dtype != target_dtype:
-        value = value.astype(target_dtype)
-    if value.shape != tuple(t.shape):
-        value = jnp.broadcast_to(value, tuple(t.shape))
+    if value.dtype != dtype or value.shape != shape:
+        value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
     root = t._jt_base
     if root is None:
         t._jt_elem = value
         t._jt_version += 1
+        if type(value) is _Lazy:
+            _lazy.track(t)
         return
     if root.dtype != t.dtype:
         raise _reinterpreting_view(root, t)
     fn = t._jt_view_fn
-    if fn is _identity:
-        new_root = value if value.shape == root._jt_elem.shape else None
+    assert fn is not None  # (a view always has its function)
+    old = root._jt_elem
+    if fn is _identity and value.shape == old.shape:
+        new_root = value
     else:
-        new_root = None
-    if new_root is None:
-        new_root = scatter_view(root._jt_elem, fn, value)
+        key = view_key(fn)
+        if key is None:  # a view function with no structural key: scatter on executed values
+            old, value = _lazy.force_tree([old, value], "write through a view (not recordable)")
+            new_root = scatter_view(old, fn, value)
+        else:
+            new_root = _lazy.apply(("scatter_view", key), lambda r, v: scatter_view(r, fn, v), old, value)
     root._jt_elem = new_root
     root._jt_version += 1
     t._jt_elem = value
     t._jt_version = root._jt_version
+    if type(new_root) is _Lazy:
+        _lazy.track(root)
+    if type(value) is _Lazy:
+        _lazy.track(t)
 
 
 def write_many(tensors, values) -> None:
@@ -346,43 +386,6 @@ def _fit(value, dtype, shape: tuple):
     if value.shape != shape:
         value = jnp.broadcast_to(value, shape)
     return value
-
-
-def _write_lazy(t: JaxTensor, value) -> None:
-    """`write` when the value or the root is pending: the cast and the scatter are recorded."""
-    dtype, shape = to_jax_dtype(t.dtype), tuple(t.shape)
-    if type(value) is not _Lazy:
-        value = jnp.asarray(value)
-    if value.dtype != dtype or value.shape != shape:
-        value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
-    root = t._jt_base
-    if root is None:
-        t._jt_elem = value
-        t._jt_version += 1
-        if type(value) is _Lazy:
-            _lazy.track(t)
-        return
-    if root.dtype != t.dtype:
-        raise _reinterpreting_view(root, t)
-    fn = t._jt_view_fn
-    old = root._jt_elem
-    if fn is _identity and value.shape == old.shape:
-        new_root = value
-    else:
-        key = view_key(fn)
-        if key is None:  # a view function with no structural key: scatter on executed values
-            old, value = _lazy.force_tree([old, value], "write through a view (not recordable)")
-            new_root = scatter_view(old, fn, value)
-        else:
-            new_root = _lazy.apply(("scatter_view", key), lambda r, v: scatter_view(r, fn, v), old, value)
-    root._jt_elem = new_root
-    root._jt_version += 1
-    t._jt_elem = value
-    t._jt_version = root._jt_version
-    if type(new_root) is _Lazy:
-        _lazy.track(root)
-    if type(value) is _Lazy:
-        _lazy.track(t)
 
 
 def scatter_view(root, view_fn: Callable, value):
@@ -438,6 +441,29 @@ def rebind(t: JaxTensor, src: JaxTensor) -> None:
         _lazy.track(t)
 
 
+def _settle(tensors: list, reason: str | None) -> None:
+    """`_lazy.sync`'s tensor walk: execute, as one program, the pending data of the roots of
+    the live tracked `tensors`, give each root its value, and let views replay from it."""
+    roots = []
+    for t in tensors:
+        base = t._jt_base
+        r = t if base is None else base
+        if type(r._jt_elem) is _Lazy:
+            roots.append(r)
+    _lazy.materialize([r._jt_elem for r in roots], reason, donate=True)
+    for r in roots:
+        e = r._jt_elem
+        if type(e) is _Lazy:
+            r._jt_elem = e.value
+    for t in tensors:
+        if t._jt_base is not None and type(t._jt_elem) is _Lazy:
+            t._jt_elem = None  # replayed from its (now executed) root on next use
+            t._jt_version = -1
+
+
+_lazy.install_settle(_settle)
+
+
 # ---- accessors: the only way other modules read or change a tensor's private fields ----------
 def root(t: JaxTensor) -> JaxTensor:
     """The tensor whose array `t` reads: `t` itself, or the root of the view `t`."""
@@ -487,6 +513,10 @@ def own_root(p: JaxTensor, holders: int) -> None:
     if base is None or p._jt_view_fn is not _identity:
         return
     # references now: `p._jt_base`, `base`, getrefcount's argument, plus the caller's
-    if sys.getrefcount(base) == 3 + holders and base.dtype == p.dtype and tuple(base.shape) == tuple(p.shape) \
-            and isinstance(base._jt_elem, jax.Array):
+    if (
+        sys.getrefcount(base) == 3 + holders
+        and base.dtype == p.dtype
+        and tuple(base.shape) == tuple(p.shape)
+        and isinstance(base._jt_elem, jax.Array)
+    ):
         p._jt_elem, p._jt_base, p._jt_view_fn = base._jt_elem, None, None
