@@ -118,8 +118,3 @@ def run(op: OpCall, jargs: list, jkwargs: dict) -> Any:
 def enabled() -> bool:
     """Whether eager ops run through cached jits (`JAXTORCH_EAGER_JIT`, default on)."""
     return _ENABLED
-
-
-def clear() -> None:
-    """Forget cached executables. They live in each op's `OpCall`, which the dispatcher
-    rebuilds when a lowering is registered (its `invalidate_cache`): nothing is kept here."""

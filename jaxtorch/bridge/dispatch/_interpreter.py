@@ -35,7 +35,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ... import ops as _ops  # noqa: F401  (registers all lowerings)
 from ...ops import registry
-from ..core import _eager as eager
 from ..core import _lazy as lazy
 from ..core import _tracing as tracing
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
@@ -425,7 +424,7 @@ def _forget_runners() -> None:
 
 # Every registry change (register, unregister, register_op, notify) reaches each cache built from
 # lowerings: routes (`_routing`), runners (here), the executors' compiled programs.
-for _listener in (_forget_runners, eager.clear, lazy.clear_cache):
+for _listener in (_forget_runners, lazy.clear_cache):  # (eager jits live in the runners' `OpCall`s)
     registry.subscribe(_listener)
 
 
