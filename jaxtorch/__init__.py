@@ -39,6 +39,7 @@ from .bridge.core._lazy import lazy, sync
 from .bridge.core._pytrees import register_object
 from .bridge.core._random import manual_seed
 from .bridge.dispatch._environment import default_env, disable_globally, enable_globally
+from .bridge.state._binding import ParamsError
 from .bridge.tensor._autograd import call_jax, jax_function_to_torch
 from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.tensor._tensor import JaxTensor
@@ -80,6 +81,7 @@ __all__ = [
     "Float64Error",
     "JaxtorchError",
     "MissingKeyError",
+    "ParamsError",
     "StateWriteError",
     "UnsupportedOpError",
     # public submodules

@@ -2,22 +2,22 @@
 
 Example:
     ```python
-    state = TrainState(params, opt_state, jnp.zeros((), jnp.int32))
-    jaxtorch.load_into(model, state.params)      # the torch module now holds the trained values
+    state = TrainState(params, model_state, opt_state, jnp.zeros((), jnp.int32))
+    jaxtorch.load_into(model, state)      # the torch module now holds the trained values and buffers
     ```
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 import torch
 
-from ..bridge.state._binding import named_state
+from ..bridge.state._binding import ParamsError, named_state, split_state
 from ..bridge.state._layouts import conv_kernels, from_kernels
 from ..bridge.tensor._convert import array_to_torch
 from ..bridge.tensor._tensor import JaxTensor, write
@@ -26,12 +26,17 @@ from ..bridge.tensor._tensor import JaxTensor, write
 class TrainState(NamedTuple):
     """What `make_train_step`'s `step` carries from one step to the next (a pytree).
 
-    - `params`: every parameter and buffer of the model by torch name (as `extract` gives).
-    - `opt_state`: the optax state of the trainable parameters.
+    - `params`: the trained parameters by torch name (`extract`'s params, less those
+      `trainable=` leaves out): what the optimizer updates.
+    - `model_state`: the rest, by name: parameters `trainable=` leaves out, frozen
+      parameters (`requires_grad=False`), buffers (`extract`'s `fn.state`). Only the
+      forward changes it (BatchNorm statistics); entries it does not write stay bit-identical.
+    - `opt_state`: the optax state of the trained parameters.
     - `step`: the number of optimizer updates applied (an int32 scalar array).
     """
 
     params: dict[str, jax.Array]
+    model_state: dict[str, jax.Array]
     opt_state: object
     step: jax.Array
 
@@ -39,11 +44,12 @@ class TrainState(NamedTuple):
 Trainable = None | str | Iterable[str] | Callable[[str, jax.Array], bool]
 
 
-def select(params: dict[str, jax.Array], trainable: Trainable, buffers: Iterable[str] = ()) -> dict[str, bool]:
+def select(params: Mapping[str, Any], trainable: Trainable, buffers: Iterable[str] = ()) -> dict[str, bool]:
     """Which entries of `params` are trained: `{name: bool}`.
 
     **Arguments:**
-    - `params`: the `extract`-style dict.
+    - `params`: the `extract`-style dict (trainable parameters; arrays or
+      `jax.ShapeDtypeStruct`s).
     - `trainable`: `None` (every floating-point parameter), a glob or list of globs
       matched against names (`"fc.*"`, `["*.bias", "head.*"]`), or a predicate
       `(name, array) -> bool`.
@@ -71,8 +77,10 @@ def buffer_names(module: torch.nn.Module) -> set[str]:
     return {name for name, t in named_state(module).items() if id(t) not in params}
 
 
-def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> torch.nn.Module:
-    """Write trained values (parameters and buffers) back into a torch module, in place.
+def load_into(
+    model: torch.nn.Module, params: dict | TrainState, state: dict | None = None, *, strict: bool = True
+) -> torch.nn.Module:
+    """Write trained values (parameters and state) back into a torch module, in place.
 
     Tied weights are one tensor in torch, so writing one name updates every name tied to
     it. Convolution kernels in Flax's layout (`conv1.kernel`, from `conv_layout="flax"`)
@@ -81,30 +89,56 @@ def load_into(model: torch.nn.Module, params: dict, *, strict: bool = True) -> t
     copy).
 
     **Arguments:**
-    - `model`: the module `params` came from (`extract`, `make_train_step`).
-    - `params`: `{name: array}`, e.g. `state.params`.
-    - `strict`: raise `KeyError` for names the module does not have, or module tensors
-      `params` does not cover.
+    - `model`: the module the values came from (`extract`, `make_train_step`).
+    - `params`: `{name: array}` (`extract`'s params), or a whole `TrainState` (its
+      `params` and `model_state` are written).
+    - `state`: `{name: array}` for the state (`fn.state`, what a mutable `fn` returned);
+      None leaves the module's buffers and frozen parameters as they are.
+    - `strict`: raise for names the module does not have, or for module tensors not given:
+      every trainable parameter, and every state entry when `state` is given.
 
     **Returns:** `model`.
 
     **Example:**
         ```python
-        jaxtorch.load_into(model, state.params)
+        jaxtorch.load_into(model, train_state)          # from make_train_step
+        jaxtorch.load_into(model, params, new_state)    # from extract(..., mutable=True)
         torch.save(model.state_dict(), "model.pt")
         ```
     """
-    params = from_kernels(params, conv_kernels(model))
+    if isinstance(params, TrainState):
+        if state is not None:
+            raise TypeError("load_into: a TrainState carries its own state (`model_state`); do not pass `state=` too")
+        params, state = dict(params.params), dict(params.model_state)
+    values: dict = {**params, **(state or {})}
+    bad = [n for n, v in values.items() if not isinstance(v, torch.Tensor) and not hasattr(v, "shape")]
+    if bad:
+        raise ParamsError(
+            f"load_into: {bad[:5]} {'is not an array' if len(bad) == 1 else 'are not arrays'} "
+            f"({type(values[bad[0]]).__name__}); give jax.Arrays, NumPy arrays or torch tensors "
+            "(`jnp.asarray(value)`)"
+        )
+    values = from_kernels(values, conv_kernels(model))
     targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
     if strict:
-        unknown = sorted(set(params) - set(targets))
-        covered = {id(targets[n]) for n in params if n in targets}
-        missing = sorted(n for n, t in named_state(model).items() if id(t) not in covered)
+        unknown = sorted(set(values) - set(targets))
+        covered = {id(targets[n]) for n in values if n in targets}
+        wanted_params, wanted_state = split_state(model)
+        wanted = {**wanted_params, **(wanted_state if state is not None else {})}
+        missing = sorted(n for n, t in wanted.items() if id(t) not in covered)
         if unknown or missing:
-            raise KeyError(f"load_into: names not in the module: {unknown}; module tensors not given: {missing}")
+            raise KeyError(
+                f"load_into: names not in the module: {unknown}; module tensors not given: {missing}"
+                + (
+                    " (frozen or `trainable=`-excluded parameters are in a TrainState's `model_state`: "
+                    "pass the whole TrainState, or `state=`)"
+                    if missing
+                    else ""
+                )
+            )
     with torch.no_grad():
-        for name, value in params.items():
+        for name, value in values.items():
             t = targets.get(name)
             if t is None:
                 continue

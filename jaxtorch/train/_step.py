@@ -1,8 +1,9 @@
 """`make_train_step`: a jitted optax training step for a torch module, as `(init, step)`.
 
-The model runs through `extract(model, mutable=True)`, so the step is a pure JAX function
-of an explicit `TrainState`: parameters and buffers in, updated parameters and buffers
-out (BatchNorm statistics included), optax state in and out.
+The model runs through `extract(model, mutable=True)`'s function, so the step is a pure JAX
+function of an explicit `TrainState`: trained parameters, the model's state (buffers, frozen
+parameters) and the optax state in, their updates out (BatchNorm statistics through the
+forward only). The state passed in is donated by default (its memory is reused).
 
 Example:
     ```python
@@ -13,7 +14,7 @@ Example:
     state = init()
     for i, (x, y) in enumerate(batches):
         state, loss = step(state, x, y, jax.random.fold_in(key, i))
-    jaxtorch.load_into(model, state.params)
+    jaxtorch.load_into(model, state)
     ```
 """
 
@@ -27,11 +28,12 @@ import jax.numpy as jnp
 import optax
 import torch
 
-from ..bridge.api._jax_first import extract
-from ..bridge.state._layouts import ConvLayout
-from ..bridge.tensor._convert import to_jax, tree_map
+from ..bridge.api._jax_first import module_function
+from ..bridge.state._binding import split_state
+from ..bridge.state._layouts import ConvLayout, to_kernels
+from ..bridge.tensor._convert import tensor_to_jax, to_jax, tree_map
 from ._precision import MixedPrecision, resolve
-from ._state import Trainable, TrainState, buffer_names, select
+from ._state import Trainable, TrainState, select
 
 Remat = None | bool | str | Callable
 
@@ -99,19 +101,21 @@ def make_train_step(
     remat: Remat = None,
     mixed_precision: None | str | MixedPrecision = None,
     jit: bool = True,
-    donate: bool = False,
+    donate: bool = True,
+    train: bool | None = None,
     conv_layout: ConvLayout = "torch",
 ) -> tuple[Callable[..., TrainState], Callable[..., tuple[TrainState, jax.Array]]]:
     """Build `(init, step)` to train `model` with `loss_fn` and an optax optimizer.
 
     **Arguments:**
-    - `model`: a torch module; its `train()`/`eval()` mode when `step` is first traced
-      is the mode used.
+    - `model`: a torch module. Its trainable parameters (float, `requires_grad=True`: see
+      `extract`) are trained; frozen parameters and buffers are never trained.
     - `loss_fn`: `loss_fn(outputs, targets) -> scalar`, written in JAX.
     - `optimizer`: any `optax.GradientTransformation`.
     - `trainable`: globs, a list of globs or a predicate `(name, array) -> bool`
-      selecting the trained parameters; the rest (and all buffers) are frozen and stay
-      bit-identical (buffers still update through the forward, e.g. BatchNorm stats).
+      selecting the trained parameters among the trainable ones; the rest go to
+      `TrainState.model_state` with the buffers and frozen parameters. Everything there stays
+      bit-identical, except buffers the forward writes (BatchNorm statistics).
     - `accumulate`: split each batch into this many micro-batches along axis 0, run them
       one after another (buffers threaded through) and apply the averaged gradient once.
     - `remat`: rematerialize the forward in the backward (`jax.checkpoint`) with this
@@ -119,60 +123,81 @@ def make_train_step(
     - `mixed_precision`: None, "bf16"/"fp16" or a `MixedPrecision`: compute in low
       precision with float32 master weights (loss scaling off unless set).
     - `jit`: compile `step` with `jax.jit` (default).
-    - `donate`: donate the input state's buffers to the output (saves memory; the state
-      passed in cannot be used again).
+    - `donate`: (default True) donate the state passed to `step` to the new one: its
+      arrays' memory is reused (AdamW's peak memory ~4x the weights, not ~6x), so the state
+      passed in cannot be used again (`state, loss = step(state, ...)` is the idiom). Pass
+      `donate=False` to keep old states usable (e.g. to compare two steps).
+    - `train`: the mode the model runs in, fixed here as in `extract` (None: each
+      submodule's mode now, usually `model.train()`).
     - `conv_layout`: "flax" keeps convolution weights (and their gradients and optimizer
       state) in the layout XLA's CPU convolutions read, as `<module>.kernel`, as in
       `extract`; `load_into` takes them back.
 
+    The step keeps no arrays of the module: `init()` copies the module's values when it
+    is called, and only the `TrainState` holds them from then on.
+
     **Returns:** `(init, step)`:
-    - `init(params=None) -> TrainState`: the model's current values (copied) or
-      `params` (e.g. sharded by `shard`), with a fresh optimizer state.
+    - `init(params=None, model_state=None) -> TrainState`: copies of the model's current
+      values, or the given `params` (`extract`-style: every trainable parameter, e.g.
+      sharded by `shard`) and `model_state` (`fn.state`-style), with a fresh optimizer state.
     - `step(state, inputs, targets, rng=None) -> (state, loss)`: one update. `inputs` is
       one array, a tuple of positional arguments or a dict of keyword arguments;
       `rng` is the JAX key that dropout and other random ops draw from.
     """
     if accumulate < 1:
         raise ValueError(f"accumulate must be >= 1, got {accumulate}")
-    params0, fn = extract(model, mutable=True, conv_layout=conv_layout)
-    buffers = buffer_names(model)
-    mask = select(params0, trainable, buffers)
+    fn = module_function(model, train=train, mutable=True, conv_layout=conv_layout)
+    shapes = {k: jax.ShapeDtypeStruct(shape, _jax_dtype(dtype)) for k, (shape, dtype) in fn._params_spec.items()}
+    mask = select(shapes, trainable)
+    frozen_names = [k for k in shapes if not mask[k]]
+    state_names = list(fn._state_spec)
+    kernels = fn._kernels
     policy = resolve(mixed_precision)
     checkpoint_policy = None if remat is None or remat is False else remat_policy(remat)
 
-    def split(p: dict) -> tuple[dict, dict]:
-        return {k: v for k, v in p.items() if mask[k]}, {k: v for k, v in p.items() if not mask[k]}
+    def init(params: dict | None = None, model_state: dict | None = None) -> TrainState:
+        # committed copies: jit outputs are committed, so later steps hit the same cache; the
+        # module's tensors are read now, not kept
+        params_t, state_t = split_state(model)
+        if params is None:
+            params = _copies(to_kernels(params_t, kernels))
+        if model_state is None:
+            model_state = _copies(state_t)
+        if set(params) != set(shapes):
+            raise KeyError(
+                f"init: params must have exactly the module's trainable parameters ({len(shapes)} names, as "
+                f"`extract` gives); missing {sorted(set(shapes) - set(params))[:5]}, "
+                f"extra {sorted(set(params) - set(shapes))[:5]}"
+            )
+        trained = {k: v for k, v in params.items() if mask[k]}
+        rest = {**{k: params[k] for k in frozen_names}, **model_state}
+        opt_state = _place_like(jax.jit(optimizer.init)(trained), trained)
+        count = jax.device_put(jnp.zeros((), jnp.int32), _common_sharding({**trained, **rest}))
+        return TrainState(params=trained, model_state=rest, opt_state=opt_state, step=count)
 
-    def init(params: dict | None = None) -> TrainState:
-        if params is None:  # committed copies: jit outputs are committed, so later steps hit the same cache
-            device = jax.local_devices()[0]
-            params = {k: jax.device_put(v, device, may_alias=False) for k, v in params0.items()}
-        train, _ = split(params)
-        opt_state = _place_like(jax.jit(optimizer.init)(train), train)
-        count = jax.device_put(jnp.zeros((), jnp.int32), _common_sharding(params))
-        return TrainState(params=dict(params), opt_state=opt_state, step=count)
-
-    def loss_and_buffers(train, rest, inputs, targets, key):
-        p = {**rest, **train}
+    def loss_and_state(trained, frozen, state, inputs, targets, key):
+        p = {**frozen, **trained}
         args, kwargs = _as_call(inputs)
+        computed = state
         if policy is not None:
-            p, args, kwargs = policy.cast_to_compute((p, args, kwargs))
-        out, new_p = fn(p, *args, rng=key, **kwargs)
+            p, computed, args, kwargs = policy.cast_to_compute((p, state, args, kwargs))
+        out, new_state = fn(p, *args, state=computed, rng=key, **kwargs)
         if policy is not None:
             out = policy.cast_to_output(out)
         loss = loss_fn(out, targets)
-        new_buffers = {k: new_p[k].astype(rest[k].dtype) for k in rest if k in buffers}
+        # entries the forward wrote (at trace time, a new value); the rest stay the arrays given
+        written = {k: new_state[k].astype(state[k].dtype) for k in state if new_state[k] is not computed[k]}
         scaled = loss * policy.loss_scale if policy is not None and policy.loss_scale else loss
-        return scaled, (loss, new_buffers)
+        return scaled, (loss, written)
 
     if checkpoint_policy is not None:
-        loss_and_buffers = jax.checkpoint(loss_and_buffers, policy=checkpoint_policy)
-    value_and_grad = jax.value_and_grad(loss_and_buffers, has_aux=True)
+        loss_and_state = jax.checkpoint(loss_and_state, policy=checkpoint_policy)
+    value_and_grad = jax.value_and_grad(loss_and_state, has_aux=True)
 
-    def grads_of(train, rest, inputs, targets, key):
+    def grads_of(trained, frozen, state, inputs, targets, key):
         if accumulate == 1:
-            (_, (loss, new_buffers)), grads = value_and_grad(train, rest, inputs, targets, key)
-            return loss, grads, new_buffers
+            (_, (loss, written)), grads = value_and_grad(trained, frozen, state, inputs, targets, key)
+            return loss, grads, written
 
         def micro(x):
             if x.shape[0] % accumulate:
@@ -183,28 +208,30 @@ def make_train_step(
         keys = jax.random.split(key, accumulate) if key is not None else None
 
         def body(carry, xs):
-            rest_c, gsum, lsum = carry
+            state_c, gsum, lsum = carry
             (x, y), k = xs
-            (_, (loss, new_buffers)), g = value_and_grad(train, rest_c, x, y, k)
-            return ({**rest_c, **new_buffers}, jax.tree_util.tree_map(jnp.add, gsum, g), lsum + loss), None
+            (_, (loss, written)), g = value_and_grad(trained, frozen, state_c, x, y, k)
+            return ({**state_c, **written}, jax.tree_util.tree_map(jnp.add, gsum, g), lsum + loss), None
 
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, train)
-        (rest_n, gsum, lsum), _ = jax.lax.scan(body, (rest, zeros, jnp.zeros((), jnp.float32)), (batches, keys))
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, trained)
+        (state_n, gsum, lsum), _ = jax.lax.scan(body, (state, zeros, jnp.zeros((), jnp.float32)), (batches, keys))
         grads = jax.tree_util.tree_map(lambda g: g / accumulate, gsum)
-        return lsum / accumulate, grads, {k: rest_n[k] for k in rest if k in buffers}
+        written = {k: v for k, v in state_n.items() if v is not state[k]}
+        return lsum / accumulate, grads, written
 
     def step(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
         with jax.named_scope("jaxtorch_train_step"):
-            train, rest = split(state.params)
-            loss, grads, new_buffers = grads_of(train, rest, inputs, targets, rng)
+            trained = state.params
+            frozen = {k: state.model_state[k] for k in frozen_names}
+            model_state = {k: state.model_state[k] for k in state_names}
+            loss, grads, written = grads_of(trained, frozen, model_state, inputs, targets, rng)
             if policy is not None and policy.loss_scale:
                 grads = jax.tree_util.tree_map(lambda g: g / policy.loss_scale, grads)
-            updates, opt_state = optimizer.update(grads, state.opt_state, train)
-            train = optax.apply_updates(train, updates)
-            train = {k: v.astype(state.params[k].dtype) for k, v in train.items()}
-            new = {**new_buffers, **train}
-            params = {k: new.get(k, v) for k, v in state.params.items()}
-            return TrainState(params=params, opt_state=opt_state, step=state.step + 1), loss
+            updates, opt_state = optimizer.update(grads, state.opt_state, trained)
+            new = optax.apply_updates(trained, updates)
+            new = {k: v.astype(trained[k].dtype) for k, v in new.items()}
+            rest = {k: written.get(k, v) for k, v in state.model_state.items()}
+            return TrainState(params=new, model_state=rest, opt_state=opt_state, step=state.step + 1), loss
 
     compiled = jax.jit(step, donate_argnums=(0,) if donate else ()) if jit else step
 
@@ -217,6 +244,17 @@ def make_train_step(
     run.pure = step  # type: ignore[attr-defined]  # the un-jitted pure function (for make_jaxpr, shard_map, custom jit options)
     run.jitted = compiled  # type: ignore[attr-defined]
     return init, run
+
+
+def _jax_dtype(dtype):
+    """A torch dtype (from the module's tensors) as the JAX dtype `extract` would give."""
+    return tensor_to_jax(torch.empty((), dtype=dtype)).dtype if isinstance(dtype, torch.dtype) else dtype
+
+
+def _copies(tensors: dict[str, torch.Tensor]) -> dict[str, jax.Array]:
+    """Committed JAX copies of the module's tensors (not sharing its memory), one at a time."""
+    device = jax.local_devices()[0]
+    return {k: jax.device_put(tensor_to_jax(t), device, may_alias=False) for k, t in tensors.items()}
 
 
 __all__ = ["make_train_step", "remat_policy"]

@@ -19,13 +19,38 @@ def test_load_into_writes_params_and_buffers():
     state = init()
     for _ in range(2):
         state, _ = step(state, torch.randn(8, 6), torch.randn(8, 2))
-    load_into(model, state.params)
+    load_into(model, state)  # a TrainState: params and model_state
+    values = {**state.params, **state.model_state}
     for name, t in model.state_dict().items():
-        np.testing.assert_array_equal(t.numpy(), np.asarray(state.params[name]), err_msg=name)
+        np.testing.assert_array_equal(t.numpy(), np.asarray(values[name]), err_msg=name)
     assert model.bn.num_batches_tracked.dtype == torch.int64 and model.bn.num_batches_tracked.item() == 2
     x = torch.randn(4, 6)
     _, fn = jaxtorch.extract(model.eval())
-    np.testing.assert_allclose(model(x).detach().numpy(), fn(state.params, jaxtorch.to_jax(x)), atol=1e-5)
+    out = fn(state.params, jaxtorch.to_jax(x), state=state.model_state)
+    np.testing.assert_allclose(model(x).detach().numpy(), out, atol=1e-5)
+    with pytest.raises(TypeError, match="model_state"):
+        load_into(model, state, state.model_state)
+
+
+def test_load_into_params_and_state_from_a_mutable_fn():
+    model = BNNet().train()
+    params, fn = jaxtorch.extract(model, mutable=True)
+    _, new_state = fn(params, jnp.ones((4, 6)) * 3)
+    assert set(new_state) == {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
+    load_into(model, params)  # state=None: buffers left as they are
+    assert model.bn.num_batches_tracked.item() == 0
+    load_into(model, params, new_state)
+    assert model.bn.num_batches_tracked.item() == 1
+    np.testing.assert_array_equal(model.bn.running_mean.numpy(), np.asarray(new_state["bn.running_mean"]))
+    with pytest.raises(KeyError, match="bn.running_var"):
+        load_into(model, params, {"bn.running_mean": new_state["bn.running_mean"]})
+
+
+def test_load_into_rejects_non_arrays_naming_the_entry():
+    model = BNNet()
+    params, _ = jaxtorch.extract(model)
+    with pytest.raises(jaxtorch.JaxtorchError, match=r"\['out.bias'\] is not an array \(list\).*jnp.asarray"):
+        load_into(model, {**params, "out.bias": [1.0, 2.0]})
 
 
 def test_load_into_tied_weights():
@@ -55,7 +80,8 @@ def test_load_into_strict_errors():
 
 def test_load_into_bf16_and_jax_device_module():
     model = BNNet()
-    params, _ = jaxtorch.extract(model)
+    params, fn = jaxtorch.extract(model)
+    params = {**params, **fn.state}
     half = jax.tree_util.tree_map(lambda v: v.astype(jnp.bfloat16) if v.dtype == jnp.float32 else v, params)
     load_into(model, half)
     assert model.fc.weight.dtype == torch.float32

@@ -35,10 +35,12 @@ def _torch_steps(model, opt, batches):
     return losses
 
 
-def _assert_params_match(state_params, model, atol=1e-5):
+def _assert_params_match(state, model, atol=1e-5):
+    values = {**state.params, **state.model_state}
+    assert set(values) == set(model.state_dict())
     for name, t in model.state_dict().items():
         np.testing.assert_allclose(
-            np.asarray(state_params[name], np.float64), t.double().numpy(), atol=atol, rtol=1e-5, err_msg=name
+            np.asarray(values[name], np.float64), t.double().numpy(), atol=atol, rtol=1e-5, err_msg=name
         )
 
 
@@ -48,13 +50,14 @@ def test_batchnorm_stats_match_torch():
     ref = copy.deepcopy(model)
     params, fn = jaxtorch.extract(model, mutable=True)
     x = torch.randn(16, 6) * 3 + 1
+    state = fn.state
     for _ in range(3):
-        out, params = jax.jit(fn)(params, jaxtorch.to_jax(x))
+        out, state = jax.jit(fn)(params, jaxtorch.to_jax(x), state=state)
         expected = ref(x)
     np.testing.assert_allclose(out, expected.detach().numpy(), atol=1e-4)
     for name in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
-        np.testing.assert_allclose(params[name], ref.state_dict()[name].numpy(), atol=1e-4, err_msg=name)
-    assert int(params["bn.num_batches_tracked"]) == 3
+        np.testing.assert_allclose(state[name], ref.state_dict()[name].numpy(), atol=1e-4, err_msg=name)
+    assert int(state["bn.num_batches_tracked"]) == 3
     assert model.bn.num_batches_tracked.item() == 0  # the module itself is untouched
 
 
@@ -62,8 +65,9 @@ def test_eval_mode_leaves_buffers():
     model = BNNet().eval()
     params, fn = jaxtorch.extract(model, mutable=True)
     out, new = fn(params, jnp.ones((4, 6)))
-    for k in params:
-        np.testing.assert_array_equal(new[k], params[k])
+    assert set(new) == set(fn.state) == {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
+    for k in fn.state:
+        np.testing.assert_array_equal(new[k], fn.state[k])
     np.testing.assert_allclose(out, model(torch.ones(4, 6)).detach().numpy(), atol=1e-5)
 
 
@@ -97,7 +101,7 @@ def test_sgd_matches_torch():
         losses.append(float(loss))
     expected = _torch_steps(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), batches)
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
-    _assert_params_match(state.params, ref)
+    _assert_params_match(state, ref)
     assert int(state.step) == 4
 
 
@@ -113,27 +117,78 @@ def test_adam_with_batchnorm_matches_torch():
         losses.append(float(loss))
     expected = _torch_steps(ref, torch.optim.Adam(ref.parameters(), lr=1e-2), batches)
     np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-5)
-    _assert_params_match(state.params, ref, atol=1e-4)
+    _assert_params_match(state, ref, atol=1e-4)
 
 
 def test_frozen_params_are_bit_identical():
     model = MLP()
     init, step = make_train_step(model, mse, optax.adam(1e-2), trainable="fc2.*")
     state = init()
-    before = {k: np.array(v) for k, v in state.params.items()}
-    assert set(state.opt_state[0].mu) == {"fc2.weight", "fc2.bias"}
+    before = {k: np.array(v) for k, v in {**state.params, **state.model_state}.items()}
+    assert set(state.params) == set(state.opt_state[0].mu) == {"fc2.weight", "fc2.bias"}
+    assert set(state.model_state) == {"fc1.weight", "fc1.bias"}
     for i in range(3):
         state, _ = step(state, *_data(seed=i))
     for k in ("fc1.weight", "fc1.bias"):
-        assert np.array_equal(np.asarray(state.params[k]), before[k]) and state.params[k].dtype == before[k].dtype
+        v = state.model_state[k]
+        assert np.array_equal(np.asarray(v), before[k]) and v.dtype == before[k].dtype
     assert not np.array_equal(np.asarray(state.params["fc2.weight"]), before["fc2.weight"])
 
-    _, step2 = make_train_step(model, mse, optax.sgd(0.1), trainable=lambda name, v: name.endswith("bias"))
-    init2, _ = make_train_step(model, mse, optax.sgd(0.1), trainable=lambda name, v: name.endswith("bias"))
+    trainable = lambda name, v: name.endswith("bias")  # noqa: E731
+    _, step2 = make_train_step(model, mse, optax.sgd(0.1), trainable=trainable, donate=False)
+    init2, _ = make_train_step(model, mse, optax.sgd(0.1), trainable=trainable)
     s = init2()
     s2, _ = step2(s, *_data())
-    np.testing.assert_array_equal(s2.params["fc1.weight"], s.params["fc1.weight"])
+    np.testing.assert_array_equal(s2.model_state["fc1.weight"], s.model_state["fc1.weight"])
     assert not np.array_equal(s2.params["fc1.bias"], s.params["fc1.bias"])
+
+
+def test_requires_grad_false_is_never_trained_and_buffers_only_change_through_the_forward():
+    """Issue 22: a parameter with requires_grad=False is state, never trained (with AdamW's
+    weight decay too), and so are buffers the forward does not write (eval-mode BatchNorm)."""
+    model = BNNet().eval()
+    model.fc.weight.requires_grad_(False)
+    model.register_buffer("unused", torch.arange(3.0))
+    init, step = make_train_step(model, mse, optax.adamw(1e-1, weight_decay=0.5))
+    state = init()
+    assert set(state.params) == {"bn.weight", "bn.bias", "out.weight", "out.bias"}
+    assert "fc.weight" in state.model_state and "bn.running_var" in state.model_state
+    before = {k: np.array(v) for k, v in state.model_state.items()}
+    for _ in range(3):
+        state, _ = step(state, torch.randn(8, 6), torch.randn(8, 2))
+    for k, v in state.model_state.items():
+        assert np.array_equal(np.asarray(v), before[k]) and v.dtype == before[k].dtype, k
+    jaxtorch.load_into(model, state)
+    assert model.fc.weight.requires_grad is False
+
+
+def test_state_is_donated_by_default_and_kept_with_donate_false():
+    model = MLP()
+    x, y = _data()
+    init, step = make_train_step(model, mse, optax.adamw(1e-2))
+    s0 = init()
+    step(s0, x, y)
+    assert s0.params["fc1.weight"].is_deleted()
+    init_k, step_k = make_train_step(model, mse, optax.adamw(1e-2), donate=False)
+    k0 = init_k()
+    step_k(k0, x, y)
+    assert not k0.params["fc1.weight"].is_deleted()
+
+
+def test_step_keeps_no_reference_to_the_module_weights():
+    """Issue 24: after `init`, only the TrainState holds arrays of the weights (the step keeps
+    no snapshot of the module sharing its memory), so donation can free every old array."""
+    import gc
+
+    model = MLP(d_in=13, d_hidden=7, d_out=4)  # shapes no other test uses
+    init, step = make_train_step(model, mse, optax.adamw(1e-2))
+    state = init()
+    state, _ = step(state, torch.randn(8, 13), torch.randn(8, 4))
+    gc.collect()
+    held = {id(x) for x in jax.tree_util.tree_leaves(state)}
+    extra = [a.shape for a in jax.live_arrays() if a.shape in {(7, 13), (4, 7)} and id(a) not in held]
+    assert not extra, f"arrays of the weights kept outside the TrainState: {extra}"
+    assert step is not None and init is not None
 
 
 def test_accumulation_equals_full_batch():
@@ -160,7 +215,7 @@ def test_accumulation_threads_batchnorm_stats():
     state, _ = step(init(), x, y)
     ref(x[:8]), ref(x[8:])  # torch: two micro-batches, two running-stat updates
     for name in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
-        np.testing.assert_allclose(state.params[name], ref.state_dict()[name].numpy(), atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(state.model_state[name], ref.state_dict()[name].numpy(), atol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("policy", [True, "dots_saveable", "nothing_saveable"])
@@ -191,7 +246,7 @@ def test_dropout_masks_differ_by_key_and_need_one():
     def xent(logits, labels):
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
-    init, step = make_train_step(model, xent, optax.sgd(0.1))
+    init, step = make_train_step(model, xent, optax.sgd(0.1), donate=False)  # s is used three times
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
     s = init()
     (_, a), (_, b), (_, c) = (

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -18,7 +19,18 @@ from ..core._random import key_scope
 from ..dispatch._environment import default_env
 from ..state import _mesh_axes as explicit
 from ..state import _scopes as scopes
-from ..state._binding import as_found, bound, named_state
+from ..state._binding import (
+    ParamsError,
+    Spec,
+    aliases,
+    as_found,
+    bound,
+    check_tree,
+    modes_of,
+    spec_of,
+    split_state,
+    training_modes,
+)
 from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
 from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
 from ..tensor._tensor import JaxTensor
@@ -111,29 +123,52 @@ def _jaxify_leftovers(tree):
 
 
 def extract(
-    module: torch.nn.Module, *, mutable: bool = False, conv_layout: ConvLayout = "torch"
-) -> tuple[dict[str, jax.Array], Callable]:
-    """Turn a `torch.nn.Module` into `(params, fn)`: a dict of JAX arrays and a pure JAX function.
+    module: torch.nn.Module,
+    *,
+    train: bool | None = None,
+    mutable: bool = False,
+    conv_layout: ConvLayout = "torch",
+) -> tuple[dict[str, jax.Array], ModuleFunction]:
+    """Turn a `torch.nn.Module` into `(params, fn)`: its trainable parameters as JAX arrays
+    and a pure JAX function.
 
-    `params` holds every parameter and buffer by the name `named_parameters` /
-    `named_buffers` gives; tied weights (GPT-2's `lm_head.weight` and
-    `transformer.wte.weight`) are one entry. `fn(params, *args, rng=None, **kwargs)` runs
-    the module's forward with those values and returns JAX values; it holds no hidden
-    state, so `jax.jit`, `jax.grad` and `jax.vmap` apply. The module's mode
-    (`train()`/`eval()`) at call time is used; random ops draw from `rng`.
+    `params` holds the **trainable parameters** only: floating (or complex) dtype,
+    `requires_grad=True`, by the name `named_parameters` gives; tied weights (GPT-2's
+    `lm_head.weight` and `transformer.wte.weight`) are one entry, under the first name.
+    Everything else is **state**, in `fn.state` (a dict name -> `jax.Array`): buffers
+    (persistent or not: BatchNorm statistics, `num_batches_tracked`, rotary `inv_freq`),
+    frozen parameters (`requires_grad=False`) and non-float parameters. So
+    `jax.grad(loss)(params)` and any optax optimizer work on `params` unchanged, and never
+    touch a buffer or a frozen weight (the rule: `jaxtorch.bridge.state._binding.split_state`).
 
-    `params` never change afterwards, whatever torch does to the module (a train-mode
-    forward updating BatchNorm statistics, an optimizer step, `load_state_dict`): on the
-    CPU they share the module's memory, made copy-on-write, so the module's next in-place
-    write copies the tensor it writes first and `params` keep the values they had (no copy
-    until then; reads do not copy). `fn` leaves the module exactly as it found it. Its
-    arguments follow `jax.jit`'s rule (see `call_torch`).
+    `fn(params, *args, state=None, rng=None, **kwargs)` runs the module's forward with those
+    values and returns JAX values; it holds no hidden state, so `jax.jit`, `jax.grad` and
+    `jax.vmap` apply. `state=None` uses `fn.state` (constants of a jitted program); pass
+    `state=` explicitly to make it an input (new values, no recompilation). Random ops draw
+    from `rng`. `params` (and `state=`) must have exactly the names given here, each an array
+    of its shape; anything else (a buffer in params, a tied alias, a torch tensor, `None`)
+    raises `ParamsError` naming the entry and the way out.
 
-    With `mutable=True`, `fn` returns `(output, new_params)`: buffers the forward writes
-    in place (BatchNorm running statistics, ...) come back updated, the rest unchanged.
+    **The mode is fixed here.** `train=None` (default) takes the mode each submodule has now
+    (`module.training`, mixed modes kept); `train=True`/`False` asks for train/eval mode.
+    `fn.training` tells which. `fn` runs the module in that mode whatever `train()`/`eval()`
+    is called later (it sets the flags around each call and puts the module's own back), so a
+    `jax.jit(fn)` compiled once can never run a stale mode: for the other mode, extract again
+    (`extract(model, train=False)`); both functions share the module.
 
-    With `conv_layout="flax"`, each convolution's weight is given once transposed to the
-    layout XLA's CPU convolutions read, `(*kernel, in, out)`, under Flax's name
+    `params` and `fn.state` never change afterwards, whatever torch does to the module (a
+    train-mode forward updating BatchNorm statistics, an optimizer step,
+    `load_state_dict`): on the CPU they share the module's memory, made copy-on-write, so
+    the module's next in-place write copies the tensor it writes first and they keep the
+    values they had (no copy until then; reads do not copy). `fn` leaves the module exactly
+    as it found it. Its arguments follow `jax.jit`'s rule (see `call_torch`).
+
+    With `mutable=True`, `fn` returns `(output, new_state)`: the whole state dict, the
+    buffers the forward writes in place (BatchNorm running statistics, ...) updated, the
+    rest the very arrays given. Thread it through: `out, state = fn(params, x, state=state)`.
+
+    With `conv_layout="flax"`, each trainable convolution weight is given once transposed to
+    the layout XLA's CPU convolutions read, `(*kernel, in, out)`, under Flax's name
     (`conv1.kernel` for `conv1.weight`), so the jitted program does not relayout every
     weight on every call (a ResNet-18 forward ~1.4x faster on the CPU); gradients come in
     the same layout, and `load_into` transposes back (see `bridge/layouts.py`). These
@@ -141,33 +176,111 @@ def extract(
 
     **Example:**
         ```python
-        params, fn = jaxtorch.extract(model)
+        params, fn = jaxtorch.extract(model.eval())       # or extract(model, train=False)
         logits = jax.jit(fn)(params, input_ids)
-        grads = jax.grad(lambda p: fn(p, x).sum())(params)
+        grads = jax.grad(lambda p: fn(p, x).sum())(params)  # buffers stay in fn.state
+
+        params, fn = jaxtorch.extract(model, train=True, mutable=True)
+        state = fn.state
+        out, state = jax.jit(fn)(params, x, state=state, rng=key)  # BatchNorm statistics
+        jaxtorch.load_into(model, params, state)
         ```
     """
-    kernels = conv_kernels(module, conv_layout)
-    params = {name: tensor_to_jax(t) for name, t in to_kernels(named_state(module), kernels).items()}
-    return params, _module_fn(module, mutable, kernels)
+    params_t, state_t = split_state(module)
+    kernels = {k: v for k, v in conv_kernels(module, conv_layout).items() if k in params_t}
+    params = _snapshot(to_kernels(params_t, kernels))
+    fn = ModuleFunction(
+        module, modes=modes_of(module, train), mutable=mutable, kernels=kernels, params=params, state=_snapshot(state_t)
+    )
+    return params, fn
 
 
-def _module_fn(module: torch.nn.Module, mutable: bool, kernels: dict | None = None) -> Callable:
-    """The pure function of `extract`: runs `module` with the given params, leaves it as found.
-    `kernels` (from `layouts.conv_kernels`) are the weights it takes in Flax's layout."""
-    lock = _module_lock(module)
-    scopes.name_modules(module)
-    kernels = kernels or {}
+def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, jax.Array]:
+    """The module's tensors as JAX arrays (copy-on-write views on the CPU): the one
+    conversion `extract` makes, for params and state alike."""
+    return {name: tensor_to_jax(t) for name, t in tensors.items()}
 
-    def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
-        tparams = {name: JaxTensor(value) for name, value in from_kernels(params, kernels).items()}
+
+def module_function(
+    module: torch.nn.Module, *, train: bool | None = None, mutable: bool = False, conv_layout: ConvLayout = "torch"
+) -> ModuleFunction:
+    """`extract`'s function without its snapshot (no arrays made or kept): `fn.state` is
+    None, so every call passes `state=` (what `make_train_step` does; it holds no reference
+    to the module's weight memory)."""
+    params_t, state_t = split_state(module)
+    kernels = {k: v for k, v in conv_kernels(module, conv_layout).items() if k in params_t}
+    return ModuleFunction(
+        module,
+        modes=modes_of(module, train),
+        mutable=mutable,
+        kernels=kernels,
+        params=to_kernels(params_t, kernels),
+        state=None,
+        state_spec=spec_of(state_t),
+    )
+
+
+class ModuleFunction:
+    """The pure function `extract` returns: `fn(params, *args, state=None, rng=None, **kwargs)`.
+
+    Attributes: `training` (the mode it runs the module in, fixed when made), `state` (the
+    snapshot used when `state=None`), `mutable` (whether it returns `(out, new_state)`),
+    `module` (the torch module it runs).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        modes: tuple[tuple[torch.nn.Module, bool], ...],
+        mutable: bool,
+        kernels: dict,
+        params: Mapping[str, Any],
+        state: dict[str, jax.Array] | None,
+        state_spec: Spec | None = None,
+    ):
+        self.module = module
+        self.mutable = mutable
+        self.training = modes[0][1]
+        self.state = state
+        self._modes = modes
+        self._kernels = kernels
+        self._params_spec = spec_of(params)
+        self._state_spec = spec_of(state) if state is not None else (state_spec or {})
+        self._tied = aliases(module)
+        self._lock = _module_lock(module)
+        scopes.name_modules(module)
+
+    def __repr__(self) -> str:
+        return (
+            f"<jaxtorch function of {type(self.module).__name__}: {'train' if self.training else 'eval'} mode, "
+            f"{len(self._params_spec)} params, {len(self._state_spec)} state entries"
+            f"{', mutable' if self.mutable else ''}>"
+        )
+
+    def __call__(self, params: dict[str, jax.Array], *args, state=None, rng: jax.Array | None = None, **kwargs):
+        check_tree(
+            params, self._params_spec, what="params", other=self._state_spec, other_what="`state=`", tied=self._tied
+        )
+        if state is None:
+            state = self.state
+            if state is None:
+                raise ParamsError(
+                    "jaxtorch: this function keeps no state snapshot (made for `make_train_step`): pass `state=`"
+                )
+        else:
+            check_tree(
+                state, self._state_spec, what="state=", other=self._params_spec, other_what="params", tied=self._tied
+            )
+        params, state = jax_inputs((params, state), "the function from jaxtorch.extract")
+        values = {name: JaxTensor(v) for name, v in from_kernels(params, self._kernels).items()}
+        tstate = {name: JaxTensor(v) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
-        with lock, scopes.module_scopes(), bound(module, tparams):
-            out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))
-        if not mutable:
+        with self._lock, scopes.module_scopes(), training_modes(self._modes), bound(self.module, {**values, **tstate}):
+            out = _run_torch(self.module, targs, tkwargs, rng, data=(targs, tkwargs))
+        if not self.mutable:
             return out
-        return out, to_kernels({name: t.elem for name, t in tparams.items()}, kernels)
-
-    return fn
+        return out, {name: t.elem for name, t in tstate.items()}
 
 
 _locks: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
@@ -182,51 +295,120 @@ def _module_lock(module: torch.nn.Module) -> threading.RLock:
         return lock
 
 
-class TorchModule(eqx.Module):
-    """An Equinox module running a torch module: its parameters are JAX leaves.
+class _Frozen:
+    """What a `TorchModule` holds outside its leaves: the state snapshot and the modes its
+    torch module had, with the functions made from them. Hashed and compared by identity (an
+    Equinox static field), so `eqx.apply_updates` copies keep it and `eqx.filter_jit` compiles
+    once; its arrays are closed-over constants, which JAX passes to the compiled program as
+    arguments (not embedded in it)."""
 
-    Made by `torch_module_to_jax`. Call it like the torch module, with JAX arrays.
+    def __init__(self, module: torch.nn.Module, modes, kernels: dict, params: dict, state: dict[str, jax.Array]):
+        self.state = state
+        self._args = (module, modes, kernels, spec_params(params))
+        self._fns: dict[tuple[bool, bool], ModuleFunction] = {}
+
+    def function(self, training: bool, mutable: bool) -> ModuleFunction:
+        fn = self._fns.get((training, mutable))
+        if fn is None:
+            module, modes, kernels, params = self._args
+            if modes[0][1] != training:
+                modes = tuple((m, training) for m, _ in modes)
+            fn = self._fns[(training, mutable)] = ModuleFunction(
+                module, modes=modes, mutable=mutable, kernels=kernels, params=params, state=self.state
+            )
+        return fn
+
+
+def spec_params(params: dict) -> dict:
+    """Stand-ins with the arrays' shapes and dtypes (what `ModuleFunction` checks against)."""
+    return {k: jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for k, v in params.items()}
+
+
+class TorchModule(eqx.Module):
+    """An Equinox module running a torch module: its trainable parameters are the JAX leaves.
+
+    Made by `torch_module_to_jax`. Call it like the torch module, with JAX arrays. The
+    leaves `eqx.filter_grad` differentiates and `eqx.apply_updates` changes are the
+    trainable parameters only (`params`); the state (buffers, frozen parameters) is a
+    snapshot outside the leaves (`.state`), never differentiated nor updated by an
+    optimizer. `m(x, state=s)` runs with explicit state and returns `(out, new_state)`.
+
+    The mode is the field `inference` (as in Equinox's `Dropout`/`BatchNorm`):
+    `m.train()` / `m.eval()` return a module in the other mode, and
+    `eqx.nn.inference_mode(m)` works. It is a Python bool, static under `eqx.filter_jit`;
+    plain `jax.jit` would trace it: close over the module, or use `eqx.filter_jit`.
     """
 
     params: dict[str, jax.Array]
+    inference: bool
     module: torch.nn.Module = eqx.field(static=True)
+    frozen: _Frozen = eqx.field(static=True)
     conv_layout: ConvLayout = eqx.field(static=True, default="torch")
 
-    def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
-        return _fn_cache(self.module, self.conv_layout)(self.params, *args, rng=rng, **kwargs)
+    def __call__(self, *args, state: dict[str, jax.Array] | None = None, rng: jax.Array | None = None, **kwargs):
+        if not isinstance(self.inference, (bool, np.bool_)):
+            raise TypeError(
+                "jaxtorch: TorchModule.inference is traced (the module went through jax.jit as an argument); the "
+                "mode must be static: use `eqx.filter_jit`, or close over the module"
+            )
+        fn = self.frozen.function(not self.inference, state is not None)
+        if state is None:
+            return fn(self.params, *args, rng=rng, **kwargs)
+        return fn(self.params, *args, state=state, rng=rng, **kwargs)
+
+    @property
+    def state(self) -> dict[str, jax.Array]:
+        """The state snapshot (buffers, frozen parameters) used when `state=` is not given."""
+        return self.frozen.state
+
+    @property
+    def training(self) -> bool:
+        return not self.inference
+
+    def train(self, mode: bool = True) -> TorchModule:
+        """This module in train mode (`mode=False`: eval mode), as a new module; the arrays are shared."""
+        return eqx.tree_at(lambda m: m.inference, self, not mode)
+
+    def eval(self) -> TorchModule:
+        """This module in eval mode, as a new module (`eqx.nn.inference_mode(m)` does the same)."""
+        return self.train(False)
+
+    def with_state(self, state: dict[str, jax.Array]) -> TorchModule:
+        """A module whose state snapshot is `state` (e.g. what `m(x, state=s)` returned); a new
+        snapshot, so `eqx.filter_jit` compiles once more for it."""
+        check_tree(state, spec_of(self.frozen.state), what="state=")
+        module, modes, kernels, params = self.frozen._args
+        return dataclasses.replace(self, frozen=_Frozen(module, modes, kernels, params, dict(state)))
 
     def __repr__(self) -> str:
         n = sum(int(v.size) for v in jax.tree_util.tree_leaves(self.params))
         tree = "\n".join("  " + line for line in repr(self.module).splitlines())
-        return f"TorchModule({type(self.module).__name__}, {len(self.params)} arrays, {n:,} values,\n{tree}\n)"
+        return (
+            f"TorchModule({type(self.module).__name__}, {'eval' if self.inference else 'train'} mode, "
+            f"{len(self.params)} params ({n:,} values), {len(self.state)} state entries,\n{tree}\n)"
+        )
 
 
-# one pure function per (module, layout), dropped with the module
-_fns: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Callable]] = weakref.WeakKeyDictionary()
+def torch_module_to_jax(
+    module: torch.nn.Module, *, train: bool | None = None, conv_layout: ConvLayout = "torch"
+) -> TorchModule:
+    """Wrap a torch module as an `equinox.Module` whose leaves are its trainable parameters.
 
-
-def _fn_cache(module: torch.nn.Module, conv_layout: ConvLayout) -> Callable:
-    with _locks_guard:
-        per_layout = _fns.setdefault(module, {})
-    fn = per_layout.get(conv_layout)
-    if fn is None:
-        fn = per_layout[conv_layout] = _module_fn(module, False, conv_kernels(module, conv_layout))
-    return fn
-
-
-def torch_module_to_jax(module: torch.nn.Module, *, conv_layout: ConvLayout = "torch") -> TorchModule:
-    """Wrap a torch module as an `equinox.Module` whose parameters are JAX arrays.
-
-    The arrays are `extract`'s: they never change afterwards, whatever torch does to the
-    module, and calling the wrapper leaves the module as found. `conv_layout="flax"` keeps
-    convolution weights in XLA's layout, as in `extract`.
+    The arrays are `extract`'s (params as leaves, state as a snapshot outside them): they
+    never change afterwards, whatever torch does to the module, and calling the wrapper
+    leaves the module as found. The mode is fixed here as in `extract` (`train=None`: the
+    module's modes now) and kept in the field `inference`; flip it with `m.train()` /
+    `m.eval()` / `eqx.nn.inference_mode(m)`. `conv_layout="flax"` keeps convolution weights
+    in XLA's layout, as in `extract`.
 
     **Example:**
         ```python
         m = jaxtorch.torch_module_to_jax(torch_model)
-        grads = eqx.filter_grad(lambda m, x: m(x).sum())(m, x)
+        grads = eqx.filter_grad(lambda m, x: m(x).sum())(m, x)   # params only
         m = eqx.apply_updates(m, updates)
+        out, state = m(x, state=m.state)                          # explicit state in and out
         ```
     """
-    params, _ = extract(module, conv_layout=conv_layout)
-    return TorchModule(params=params, module=module, conv_layout=conv_layout)
+    params, fn = extract(module, train=train, conv_layout=conv_layout)
+    frozen = _Frozen(module, fn._modes, fn._kernels, params, fn.state or {})
+    return TorchModule(params=params, inference=not fn.training, module=module, frozen=frozen, conv_layout=conv_layout)

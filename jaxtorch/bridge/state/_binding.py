@@ -42,6 +42,7 @@ from typing import Any, Self
 import jax
 import torch
 
+from ..core._errors import JaxtorchError
 from ..tensor._tensor import JaxTensor, root, root_data, set_root_data
 
 _MISSING = object()
@@ -209,6 +210,147 @@ def named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
             state[name] = b
             seen.add(id(b))
     return state
+
+
+def is_trainable(t: torch.Tensor) -> bool:
+    """Whether a module tensor is a trainable parameter: an `nn.Parameter` with
+    `requires_grad=True` and a floating or complex dtype (what `torch.optim` would update)."""
+    return isinstance(t, torch.nn.Parameter) and t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def split_state(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The one rule splitting a module's tensors: `(params, state)`, both by `named_state` names.
+
+    `params` are the trainable parameters (`is_trainable`: floating or complex,
+    `requires_grad=True`; tied weights once, under the first name `named_parameters` gives);
+    `state` is everything else: buffers (persistent or not), frozen parameters
+    (`requires_grad=False`) and non-float parameters. `extract`, `torch_module_to_jax`,
+    `make_train_step` and `load_into` all use this rule.
+
+    **Example:**
+        ```python
+        m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+        m[0].bias.requires_grad_(False)
+        params, state = split_state(m)
+        # params: 0.weight, 1.weight, 1.bias; state: 0.bias, 1.running_mean, 1.running_var,
+        # 1.num_batches_tracked
+        ```
+    """
+    params: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, t in named_state(module).items():
+        (params if is_trainable(t) else state)[name] = t
+    return params, state
+
+
+def aliases(module: torch.nn.Module) -> dict[str, str]:
+    """`{alias: name}` for every parameter/buffer name that `named_state` leaves out because the
+    tensor is tied to (is the same object as) the one under `name` (`lm_head.weight` ->
+    `transformer.wte.weight` in GPT-2)."""
+    first = {id(t): n for n, t in named_state(module).items()}
+    out: dict[str, str] = {}
+    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
+        for name, t in named:
+            if first.get(id(t), name) != name:
+                out[name] = first[id(t)]
+    return out
+
+
+class ParamsError(JaxtorchError, ValueError):
+    """The `params` (or `state`) given to a function from `jaxtorch.extract` (or to `load_into`)
+    do not fit the module: a name missing, extra, tied to another, in the wrong dict, or a value
+    that is not an array of the right shape. The message names each entry and the way out."""
+
+
+Spec = dict[str, tuple[tuple[int, ...], Any]]
+
+
+def spec_of(values: Mapping[str, Any]) -> Spec:
+    """`{name: (shape, dtype)}` of arrays or tensors: what `check_tree` compares against."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in values.items()}
+
+
+def check_tree(
+    given: Any,
+    expected: Spec,
+    *,
+    what: str,
+    other: Spec | None = None,
+    other_what: str = "",
+    tied: Mapping[str, str] | None = None,
+) -> None:
+    """Raise `ParamsError` unless `given` is a dict with exactly `expected`'s names, each a
+    JAX/NumPy array (or tracer) of the expected shape. Cheap: set comparisons, then one pass.
+
+    **Arguments:**
+    - `given`: what the caller passed.
+    - `expected`: `spec_of` the right values.
+    - `what`: how the message calls `given` (`"params"`, `"state="`).
+    - `other`, `other_what`: the other dict's spec and name, to say where a name belongs.
+    - `tied`: `aliases(module)`, to say what a tied alias is tied to.
+    """
+    if not isinstance(given, Mapping):
+        raise ParamsError(
+            f"jaxtorch: {what} must be the dict of JAX arrays `jaxtorch.extract` gave (name -> array); "
+            f"got {type(given).__name__}" + (": pass `params` as the first argument" if given is None else "")
+        )
+    if given.keys() != expected.keys():
+        problems = []
+        for name in given.keys() - expected.keys():
+            if tied and name in tied:
+                problems.append(f"`{name}` is tied to `{tied[name]}` (one tensor): give it once, as `{tied[name]}`")
+            elif other is not None and name in other:
+                problems.append(f"`{name}` is not a trainable parameter: it belongs in {other_what}")
+            else:
+                problems.append(f"`{name}` is not a name of this module's {what}")
+        missing = sorted(expected.keys() - given.keys())
+        if missing:
+            problems.append(
+                f"missing {missing[:8]}{'...' if len(missing) > 8 else ''} ({len(missing)} of {len(expected)})"
+            )
+        raise ParamsError(
+            f"jaxtorch: {what} do not match the module: " + "; ".join(sorted(problems)) + ". Pass exactly "
+            f"the names `jaxtorch.extract` gave in {what} (trainable parameters in params, buffers and frozen "
+            "parameters in `state=`, which defaults to `fn.state`)."
+        )
+    for name, value in given.items():
+        if isinstance(value, torch.Tensor) and not isinstance(value, JaxTensor):
+            raise ParamsError(
+                f"jaxtorch: {what}[{name!r}] is a torch.Tensor; {what} hold JAX arrays: convert it with "
+                "`jaxtorch.to_jax(t)` (zero-copy on the CPU)"
+            )
+        shape = getattr(value, "shape", None)
+        if shape is None or not hasattr(value, "dtype"):
+            raise ParamsError(
+                f"jaxtorch: {what}[{name!r}] is {type(value).__name__}, not an array; give a jax.Array of "
+                f"shape {expected[name][0]}"
+            )
+        if tuple(shape) != expected[name][0]:
+            raise ParamsError(
+                f"jaxtorch: {what}[{name!r}] has shape {tuple(shape)}; the module's is {expected[name][0]}"
+            )
+
+
+@contextlib.contextmanager
+def training_modes(modes: Sequence[tuple[torch.nn.Module, bool]]) -> Iterator[None]:
+    """Inside, each module has the given `training` flag; on exit each has its own flag back.
+
+    Example: `with training_modes(modes_of(model, False)): model(x)` runs in eval mode.
+    """
+    saved = [(m, m.training) for m, _ in modes]
+    try:
+        for m, flag in modes:
+            m.training = flag
+        yield
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def modes_of(module: torch.nn.Module, train: bool | None = None) -> tuple[tuple[torch.nn.Module, bool], ...]:
+    """`(submodule, flag)` for every submodule: `train` for all, or (None) each one's flag now
+    (mixed modes kept: a backbone in `eval()` under a head in `train()`)."""
+    return tuple((m, m.training if train is None else bool(train)) for m in module.modules())
 
 
 @contextlib.contextmanager
