@@ -109,7 +109,8 @@ def load_into(
     if isinstance(params, TrainState):
         if state is not None:
             raise TypeError("load_into: a TrainState carries its own state (`model_state`); do not pass `state=` too")
-        params, state = dict(params.params), dict(params.model_state)
+        whole: Any = params
+        params, state = dict(whole.params), dict(whole.model_state)
     values: dict = {**params, **(state or {})}
     bad = [n for n, v in values.items() if not isinstance(v, torch.Tensor) and not hasattr(v, "shape")]
     if bad:
