@@ -60,10 +60,8 @@ def main() -> None:
     jx = jaxtorch.to_jax(x)
     logits = jax.jit(fn)(params, jx)
     check("jitted logits", logits, ref.detach().numpy())
-    names = {n for n, _ in model.named_parameters()}  # differentiate parameters, not integer buffers
-    weights = {k: v for k, v in params.items() if k in names}
-    buffers = {k: v for k, v in params.items() if k not in names}
-    grads = jax.jit(jax.grad(lambda w: jnp.mean(fn({**w, **buffers}, jx) ** 2)))(weights)
+    # params are the trainable parameters; buffers (BatchNorm statistics) are fn.state, never differentiated
+    grads = jax.jit(jax.grad(lambda p: jnp.mean(fn(p, jx) ** 2)))(params)
     check("jax.grad conv1.weight", grads["conv1.weight"], ref_grad.numpy(), tol=1e-4)
 
     print("PyTorch-first: jaxtorch.enable_globally(); model.to('jax')")

@@ -96,7 +96,7 @@ def main(steps: int = 120) -> dict:
     print(f"loss (mean of 10 steps, every 20): {curve}")
     print(f"loss: first 10 steps {first:.3f} -> last 10 steps {last:.3f}")
 
-    load_into(model, state.params)  # weights and BatchNorm running statistics
+    load_into(model, state)  # weights (state.params) and BatchNorm running statistics (state.model_state)
     model.eval()
     with torch.no_grad():
         pred = model(torch.from_numpy(x_test)).argmax(-1).numpy()

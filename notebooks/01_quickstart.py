@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -122,15 +128,17 @@ jaxtorch.disable_globally()   # back to plain PyTorch for the rest of the notebo
 # %% [markdown]
 # ## JAX-first: `extract` + `jax.jit`
 #
-# `params, fn = jaxtorch.extract(model)` gives every parameter and buffer as a `jax.Array` (keyed by the
-# names `named_parameters` uses) and a pure function `fn(params, *inputs)`. It holds no hidden state, so all
-# of JAX's transformations apply.
+# `params, fn = jaxtorch.extract(model)` gives the trainable parameters as `jax.Array`s (keyed by the
+# names `named_parameters` uses) and a pure function `fn(params, *inputs)`. The buffers (BatchNorm's
+# running statistics) are the function's state, `fn.state`, used unless `fn(..., state=...)` gives others.
+# The mode is fixed now (the model is in `eval()`: `fn.training` is False; `extract(model, train=True)`
+# asks for the other). It holds no hidden state, so all of JAX's transformations apply.
 
 # %%
 params, fn = jaxtorch.extract(model)
 for name, value in list(params.items())[:5]:
     print(f"{name:22s} {str(value.shape):18s} {value.dtype}")
-print(f"... {len(params)} arrays in all")
+print(f"... {len(params)} parameters; state: {sorted(fn.state)}; training: {fn.training}")
 
 # %%
 xj = jaxtorch.to_jax(x)          # a CPU torch tensor -> jax.Array
@@ -143,21 +151,18 @@ print("logits:", type(logits).__name__, logits.shape, "| max |jax - torch| =",
       float(jnp.max(jnp.abs(logits - ref.detach().numpy()))))
 
 # %% [markdown]
-# Gradients come from `jax.grad`. `params` also holds the buffers, among them BatchNorm's integer step
-# counter `bn.num_batches_tracked`, and `jax.grad` refuses integer inputs: differentiate with respect to the
-# parameters (the names `model.named_parameters()` gives) and pass the buffers along unchanged.
+# Gradients come from `jax.grad`, with respect to `params` as they are: the buffers (among them
+# BatchNorm's integer step counter `bn.num_batches_tracked`) are in `fn.state`, never differentiated.
 
 # %%
-weights = {name: params[name] for name, _ in model.named_parameters()}
-buffers = {k: v for k, v in params.items() if k not in weights}
-print("buffers (not differentiated):", {k: str(v.dtype) for k, v in buffers.items()})
+print("state (not differentiated):", {k: str(v.dtype) for k, v in fn.state.items()})
 
 
-def loss(weights, x):
-    return jax.nn.logsumexp(fn({**buffers, **weights}, x), axis=-1).mean()
+def loss(params, x):
+    return jax.nn.logsumexp(fn(params, x), axis=-1).mean()
 
 
-grads = jax.jit(jax.grad(loss))(weights, xj)
+grads = jax.jit(jax.grad(loss))(params, xj)
 model(x).logsumexp(-1).mean().backward()     # the eager torch reference
 print("grad keys:", list(grads)[:4], "...")
 print("conv1.weight: max |jax.grad - torch| =",

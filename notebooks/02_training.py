@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -77,8 +83,11 @@ print(model)
 # ## The training step
 #
 # `loss_fn(outputs, targets)` is written in JAX (here optax's cross entropy). `init()` copies the model's
-# parameters and buffers into a `TrainState`; `step(state, x, y, key)` returns the new state and the loss.
-# The key feeds dropout: a new key per step gives new dropout masks without recompiling.
+# trainable parameters (`state.params`, what AdamW updates) and the rest (`state.model_state`: buffers such
+# as BatchNorm's statistics, which only the forward changes, and frozen parameters) into a `TrainState`;
+# `step(state, x, y, key)` returns the new state and the loss. The state passed in is donated (its memory
+# reused), so always continue from the state `step` returns. The key feeds dropout: a new key per step
+# gives new dropout masks without recompiling.
 
 # %%
 def cross_entropy(logits, labels):
@@ -89,7 +98,7 @@ init, step = make_train_step(model, cross_entropy, optax.adamw(3e-3))
 state = init()
 print("state.params:", len(state.params), "arrays, e.g.",
       {k: v.shape for k, v in list(state.params.items())[:3]})
-print("buffers are carried too:", [k for k in state.params if "running" in k][:2], "...")
+print("buffers are carried in model_state:", [k for k in state.model_state if "running" in k][:2], "...")
 print("step counter:", int(state.step))
 
 # %%
@@ -147,12 +156,12 @@ plt.show()
 # %% [markdown]
 # ## Back to PyTorch
 #
-# `load_into(model, state.params)` writes the trained weights *and* BatchNorm running statistics into the
+# `load_into(model, state)` writes the trained weights *and* BatchNorm running statistics into the
 # torch module in place. From there it is an ordinary PyTorch model: evaluate it eagerly, `torch.save` it,
 # export it.
 
 # %%
-load_into(model, state.params)
+load_into(model, state)
 model.eval()
 with torch.no_grad():
     logits_torch = model(torch.from_numpy(x_test))

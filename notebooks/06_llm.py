@@ -216,8 +216,9 @@ plt.show()
 # ## LoRA fine-tuning
 #
 # [PEFT](https://github.com/huggingface/peft) wraps the attention projections with low-rank adapters.
-# `make_train_step(..., trainable="*lora_*")` trains only those: the base weights are frozen and stay
-# bit-identical, and the optimizer state exists only for the adapters.
+# peft sets `requires_grad=False` on the base weights, and `make_train_step` trains only trainable
+# parameters (`trainable="*lora_*"` would say the same by name): the base weights are frozen, carried in
+# `state.model_state`, and stay bit-identical; the optimizer state exists only for the adapters.
 
 # %%
 import peft
@@ -234,9 +235,10 @@ def lm_loss(out, ids):
     return optax.softmax_cross_entropy_with_integer_labels(out.logits[:, :-1], ids[:, 1:]).mean()
 
 
-init, step = make_train_step(lora_model, lm_loss, optax.adam(3e-2), trainable="*lora_*")
+init, step = make_train_step(lora_model, lm_loss, optax.adam(3e-2))  # peft froze the rest: requires_grad=False
 state = init()
-before = dict(state.params)
+print(len(state.params), "trained arrays;", len(state.model_state), "in model_state (frozen weights, buffers)")
+before = {k: np.asarray(v) for k, v in {**state.params, **state.model_state}.items()}
 batch = jnp.asarray(ids.numpy())
 losses = []
 for _ in range(8):
@@ -244,6 +246,7 @@ for _ in range(8):
     losses.append(float(loss))
 print("losses:", np.round(losses, 3))
 
-changed = sorted(k for k in before if not np.array_equal(state.params[k], before[k]))
+after = {**state.params, **state.model_state}
+changed = sorted(k for k in before if not np.array_equal(after[k], before[k]))
 print(len(changed), "arrays changed, all LoRA:", all("lora_" in k for k in changed))
 print("Adam state for", len(state.opt_state[0].mu), "arrays of", len(state.params))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 
@@ -76,12 +77,11 @@ def test_hf_model_jit_and_grad(name, attn):
 
     cot = torch.randn(ref.shape)
     (ref * cot).sum().backward()
-    floats = {k: v for k, v in params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
 
-    def loss(f):
-        return jnp.sum(fn({**params, **f}, jids, attention_mask=jmask, **kw)[key] * jnp.asarray(cot.numpy()))
+    def loss(p):
+        return jnp.sum(fn(p, jids, attention_mask=jmask, **kw)[key] * jnp.asarray(cot.numpy()))
 
-    grads = jax.jit(jax.grad(loss))(floats)
+    grads = jax.jit(jax.grad(loss))(params)  # params are the trainable parameters: no filtering
     # Relative to the largest gradient: some parameters (e.g. attention key biases) have a true
     # gradient of zero, where both sides hold only rounding noise.
     scale = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None)
@@ -94,3 +94,37 @@ def test_hf_model_jit_and_grad(name, attn):
         assert err < 1e-3, (pname, err)
         checked += 1
     assert checked > 10
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_hf_model_adamw_trains_params_and_leaves_state_bit_identical(name):
+    """Issue 22: `jax.grad(loss)(params)` + 20 `optax.adamw` steps work unchanged on `extract`'s
+    params; every buffer (rotary `inv_freq`, BERT's int `position_ids`) and a frozen parameter
+    stay bit-identical, and the trained params are the module's trainable parameters."""
+    torch.manual_seed(0)
+    model, key, kw = MODELS[name]()
+    model.eval()
+    frozen = next(n for n, _ in model.named_parameters() if n.endswith("bias") or "norm" in n)
+    model.get_parameter(frozen).requires_grad_(False)
+    params, fn = jaxtorch.extract(model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(params) == trainable and frozen in fn.state
+    assert {n for n, _ in model.named_buffers()} <= set(fn.state)
+    before = {k: np.array(v) for k, v in fn.state.items()}
+    ids = jnp.asarray(torch.randint(1, 100, (2, 8)).numpy())
+    opt = optax.adamw(1e-2)
+
+    @jax.jit
+    def step(params, opt_state):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(fn(p, ids, **kw)[key] ** 2))(params)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = opt.init(params)
+    losses = []
+    for _ in range(20):
+        params, opt_state, loss = step(params, opt_state)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+    for k, v in fn.state.items():
+        assert np.array_equal(np.asarray(v), before[k]) and v.dtype == before[k].dtype, k

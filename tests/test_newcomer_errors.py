@@ -254,9 +254,10 @@ def test_dropout_in_jitted_extract_says_pass_rng_or_eval():
     a, b = run(params, x, rng=jax.random.key(0)), run(params, x, rng=jax.random.key(1))
     assert not np.array_equal(np.asarray(a == 0), np.asarray(b == 0))  # new key, new mask
     np.testing.assert_array_equal(np.asarray(run(params, x, rng=jax.random.key(0))), np.asarray(a))
-    model.eval()
-    want = model(torch.from_numpy(np.array(x))).detach().numpy()
-    np.testing.assert_allclose(np.asarray(jax.jit(fn)(params, x)), want, rtol=1e-6, atol=1e-6)
+    assert "jaxtorch.extract(model, train=False)" in msg  # fn's mode is fixed when it is made
+    _, efn = jaxtorch.extract(model, train=False)
+    want = model.eval()(torch.from_numpy(np.array(x))).detach().numpy()
+    np.testing.assert_allclose(np.asarray(jax.jit(efn)(params, x)), want, rtol=1e-6, atol=1e-6)
 
 
 def test_dropout_in_train_step_without_rng():

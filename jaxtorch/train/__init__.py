@@ -5,7 +5,7 @@ init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.adam(1e-3))
 state = init()
 state, loss = step(state, x, y, key)
 jaxtorch.train.save_checkpoint(state, "ckpt.safetensors")
-jaxtorch.train.load_into(model, state.params)
+jaxtorch.train.load_into(model, state)   # params and model_state (buffers, frozen weights)
 ```
 """
 

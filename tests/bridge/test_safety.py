@@ -78,7 +78,7 @@ def test_jitted_fn_dispatched_before_a_torch_forward_sees_the_original_statistic
     batch_mean = x.mean(0).numpy()
     np.testing.assert_allclose(bn.running_mean.numpy(), 0.1 * batch_mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(new["running_mean"]), 0.1 * batch_mean, rtol=1e-5, atol=1e-6)  # not 0.19x
-    assert not np.asarray(params["running_mean"]).any()  # still the zeros extract saw
+    assert not np.asarray(fn.state["running_mean"]).any()  # still the zeros extract saw
 
 
 def test_to_jax_stays_a_zero_copy_view():

@@ -5,8 +5,11 @@ training flag (both flags where the entry says train and eval differ, else train
 compared with eager PyTorch on the CPU:
 
 - jit:         `jax.jit(fn)` of `jaxtorch.extract(module)`'s forward.
-- grad:        `jax.jit(jax.grad)` of `sum(out * cotangent)` with respect to the float
-               parameters and float tensor inputs, against `torch.autograd.grad`.
+- grad:        `jax.jit(jax.grad)` of `sum(out * cotangent)` with respect to `extract`'s
+               params (which must be the module's trainable parameters) and float tensor
+               inputs, against `torch.autograd.grad`; then 2 `optax.adamw` steps on the params
+               as they are, after which every state entry (buffers, frozen parameters) and the
+               torch module's tensors must be bit-identical.
 - torch_first: `module.to("jax")`, inputs `.to("jax")`, forward, `.cpu()`.
 
 A sample passes when values agree (rtol = atol = 1e-3, 1e-2 for grad, NaN == NaN), shapes
@@ -28,6 +31,8 @@ import warnings
 from typing import Any
 
 import jax
+import numpy as np
+import optax
 import torch
 import torch.utils._pytree as pytree
 
@@ -38,6 +43,7 @@ from tests.opinfo.harness import _compare
 MODES = ("jit", "grad", "torch_first")
 N_SAMPLES = 4
 TOL = {"jit": 1e-3, "grad": 1e-2, "torch_first": 1e-3}
+ADAMW_STEPS = 2
 
 
 def entries() -> dict[str, Any]:
@@ -167,8 +173,35 @@ def _run_grad(module, ref_module, leaves, spec, pos, tensors) -> None:
             raise AssertionError(f"grad: {len(got)} outputs vs torch {len(ref_leaves)}")
         return sum((got[i] * c).sum() for i, c in jcots.items())
 
-    gp, gi = jax.jit(jax.grad(jloss, argnums=(0, 1)))({n: params[n] for n in names}, [arrays[k] for k in diff_in])
+    if set(params) != set(names):
+        raise AssertionError(f"grad: extract's params {sorted(params)} are not the trainable parameters {names}")
+    grad = jax.jit(jax.grad(jloss, argnums=(0, 1)))
+    inputs = [arrays[k] for k in diff_in]
+    gp, gi = grad(params, inputs)
     _compare(ref_grads, [gp[n] for n in names] + list(gi), TOL["grad"], where="grad")
+    _check_adamw_leaves_state(module, params, fn, lambda p: grad(p, inputs)[0], gp)
+
+
+def _check_adamw_leaves_state(module, params, fn, grad_of, first_grads) -> None:
+    """Issue 22: `params` go to `optax.adamw` as they are, for ADAMW_STEPS steps (the jitted
+    gradient is reused: no new compilation); every state entry (buffers, frozen parameters) and
+    the torch module's own tensors stay bit-identical."""
+    state_before = {k: np.array(v) for k, v in fn.state.items()}
+    module_before = {k: t.detach().clone() for k, t in module.state_dict().items()}
+    opt = optax.adamw(1e-2)
+    opt_state = opt.init(params)
+    grads = first_grads
+    for i in range(ADAMW_STEPS):
+        if i:
+            grads = grad_of(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+    for k, v in fn.state.items():
+        if not (np.array_equal(np.asarray(v), state_before[k], equal_nan=True) and v.dtype == state_before[k].dtype):
+            raise AssertionError(f"adamw: state entry {k} changed")
+    for k, t in module.state_dict().items():
+        if not torch.equal(t, module_before[k]) and not (t.isnan() & module_before[k].isnan()).any():
+            raise AssertionError(f"adamw: the torch module's {k} changed")
 
 
 def run_entry(info, mode: str) -> tuple[bool | None, str]:

@@ -241,8 +241,11 @@ def test_dropout_uses_the_bridge_key():
     assert not np.allclose(a, c)
     with pytest.raises(jaxtorch.MissingKeyError):
         jax.jit(fn)(params, x)
-    m.eval()  # no dropout in eval mode: no key needed, and equal to torch
-    _close(jax.jit(fn)(params, x), m(torch.ones(5, 3, 4)), TOL)
+    m.eval()  # fn's mode was fixed by extract: still train mode
+    with pytest.raises(jaxtorch.MissingKeyError):
+        jax.jit(fn)(params, x)
+    _, efn = jaxtorch.extract(m)  # no dropout in eval mode: no key needed, and equal to torch
+    _close(jax.jit(efn)(params, x), m(torch.ones(5, 3, 4)), TOL)
 
 
 # ---- tracing does not grow with the sequence ---------------------------------------------------

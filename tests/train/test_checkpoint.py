@@ -18,7 +18,9 @@ def _state():
     params = {"fc.weight": jnp.arange(6.0).reshape(2, 3), "fc.bias": jnp.ones(2, jnp.bfloat16), "n": jnp.int32(7)}
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
     return {
-        "train": TrainState(params, opt.init(params_subset(params)), jnp.zeros((), jnp.int32)),
+        "train": TrainState(
+            params, {"bn.running_var": jnp.ones(3)}, opt.init(params_subset(params)), jnp.zeros((), jnp.int32)
+        ),
         "misc": [1, 2.5, True, "name", None, (Point(jnp.zeros(2), 3), float("inf"))],
         "np": np.arange(4, dtype=np.int16),
         "key": jax.random.key(3),

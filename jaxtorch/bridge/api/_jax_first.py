@@ -248,6 +248,7 @@ class ModuleFunction:
         self._params_spec = spec_of(params)
         self._state_spec = spec_of(state) if state is not None else (state_spec or {})
         self._tied = aliases(module)
+        self._renamed = {name: new for name, (new, _) in kernels.items()}
         self._lock = _module_lock(module)
         scopes.name_modules(module)
 
@@ -260,7 +261,13 @@ class ModuleFunction:
 
     def __call__(self, params: dict[str, jax.Array], *args, state=None, rng: jax.Array | None = None, **kwargs):
         check_tree(
-            params, self._params_spec, what="params", other=self._state_spec, other_what="`state=`", tied=self._tied
+            params,
+            self._params_spec,
+            what="params",
+            other=self._state_spec,
+            other_what="`state=`",
+            tied=self._tied,
+            renamed=self._renamed,
         )
         if state is None:
             state = self.state

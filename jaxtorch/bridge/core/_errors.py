@@ -112,8 +112,9 @@ class MissingKeyError(JaxtorchError):
             "baking one key into the compiled function would repeat the same randomness every call. "
             "Pass a key: `fn(params, *args, rng=jax.random.key(step))` for `extract`, "
             "`step(state, x, y, rng=key)` for `jaxtorch.train.make_train_step`, `fast(x, rng=key)` for "
-            "`jaxtorch.compile`, or `jaxtorch.call_torch(f, *args, rng=key)`; or call `model.eval()` to turn "
-            "dropout off."
+            "`jaxtorch.compile`, or `jaxtorch.call_torch(f, *args, rng=key)`; or turn dropout off: call `model.eval()` "
+            "(`extract`'s fn keeps the mode it was made with: make it with "
+            "`jaxtorch.extract(model, train=False)`)."
         )
 
 

@@ -278,6 +278,7 @@ def check_tree(
     other: Spec | None = None,
     other_what: str = "",
     tied: Mapping[str, str] | None = None,
+    renamed: Mapping[str, str] | None = None,
 ) -> None:
     """Raise `ParamsError` unless `given` is a dict with exactly `expected`'s names, each a
     JAX/NumPy array (or tracer) of the expected shape. Cheap: set comparisons, then one pass.
@@ -288,6 +289,7 @@ def check_tree(
     - `what`: how the message calls `given` (`"params"`, `"state="`).
     - `other`, `other_what`: the other dict's spec and name, to say where a name belongs.
     - `tied`: `aliases(module)`, to say what a tied alias is tied to.
+    - `renamed`: `{torch name: kernel name}` of weights taken in Flax's layout.
     """
     if not isinstance(given, Mapping):
         raise ParamsError(
@@ -301,6 +303,13 @@ def check_tree(
                 problems.append(f"`{name}` is tied to `{tied[name]}` (one tensor): give it once, as `{tied[name]}`")
             elif other is not None and name in other:
                 problems.append(f"`{name}` is not a trainable parameter: it belongs in {other_what}")
+            elif renamed and name in renamed:
+                problems.append(f"`{name}` is taken in Flax's layout, as `{renamed[name]}`: give that one only")
+            elif name.endswith("kernel"):
+                problems.append(
+                    f"`{name}` is a convolution weight in Flax's layout, which the function from "
+                    "`extract(module, conv_layout='flax')` takes"
+                )
             else:
                 problems.append(f"`{name}` is not a name of this module's {what}")
         missing = sorted(expected.keys() - given.keys())
