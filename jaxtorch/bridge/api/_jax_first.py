@@ -161,7 +161,7 @@ def _module_fn(module: torch.nn.Module, mutable: bool, kernels: dict | None = No
     def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
         tparams = {name: JaxTensor(value) for name, value in from_kernels(params, kernels).items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
-        with lock, scopes.module_scopes(), bound(module, tparams):
+        with lock, scopes.module_scopes(), bound(module, tparams, mutable=mutable):
             out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))
         if not mutable:
             return out
