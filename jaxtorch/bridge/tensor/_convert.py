@@ -305,3 +305,40 @@ def to_torch(tree: Any) -> Any:
 
 
 __all__ = ["jax_view", "torch_view", "to_jax", "to_torch", "tensor_to_jax", "array_to_torch", "tree_map", "x64_enabled"]
+
+
+# ---- torch tensors as JAX inputs ----------------------------------------------------------------
+def _aval_of_tensor(t: torch.Tensor):
+    """The abstract value JAX gives a torch tensor argument: its shape, its dtype as `to_jax` converts it."""
+    from jax._src import core as jax_core
+
+    _check_dense(t)
+    return jax_core.ShapedArray(tuple(t.shape), to_jax_dtype(t.dtype))
+
+
+def _register_tensors_as_jax_inputs() -> bool:
+    """Let JAX take torch tensors where it takes NumPy arrays (`jax.jit`/`grad`/`vmap` arguments,
+    `jnp` functions, `jax.device_put`), converted by `tensor_to_jax`: a snapshot, as `to_jax` reads.
+
+    JAX 0.10 refuses `__jax_array__` while abstracting arguments (it raises before calling it),
+    and registering `torch.Tensor` as a pytree would change what `jax.tree_util` gives for every
+    tensor; these two handlers (looked up along the type's MRO, so `nn.Parameter` and `JaxTensor`
+    too) only turn JAX's "not a valid JAX type" into the conversion. Returns False (JAX's own error
+    stays) when this JAX has no such tables.
+
+    **Example:** after it, `jax.jit(lambda x: x * 2)(torch.ones(3))` is `Array([2., 2., 2.])`.
+    """
+    try:
+        from jax._src import core as jax_core
+        from jax._src import dtypes as jax_dtypes
+
+        avals, register = jax_core.pytype_aval_mappings, jax_dtypes.register_canonicalize_value_handler
+    except (ImportError, AttributeError):  # pragma: no cover - another JAX
+        return False
+    if torch.Tensor not in avals:
+        avals[torch.Tensor] = _aval_of_tensor
+        register(torch.Tensor, tensor_to_jax)
+    return True
+
+
+TENSORS_ARE_JAX_INPUTS = _register_tensors_as_jax_inputs()
