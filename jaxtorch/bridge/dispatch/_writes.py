@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -172,7 +173,7 @@ def describe(t: torch.Tensor) -> str:
     **Example:** `describe(self.count)` is "`Counter.count` (a CPU tensor of shape () and dtype torch.float32)".
     """
     what = f"a {t.device.type.upper()} tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if not any(s in frame.f_code.co_filename for s in _SKIP):
             local = frame.f_locals
