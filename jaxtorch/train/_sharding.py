@@ -95,13 +95,18 @@ def shard(tree: Any, mesh: Mesh, rules: Rules = ()) -> Any:
 
 
 def _as_array(x):
+    """A torch tensor as a `jax.Array` snapshot (`tensor_to_jax`): a loader refilling the same
+    buffer after the call never changes the batch placed from it; other leaves as they are."""
     if isinstance(x, torch.Tensor):
-        return np.asarray(tensor_to_jax(x)) if x.device.type != "cpu" else x.detach().numpy()
+        return tensor_to_jax(x)
     return x
 
 
 def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data") -> Any:
     """Place a batch (any pytree of arrays / CPU torch tensors) split along axis 0 over `axis`.
+
+    Torch tensors are read as snapshots (see `jaxtorch.to_jax`): writing to them after the
+    call (a loader reusing its buffer) never changes the placed arrays.
 
     In a multi-process run each process passes its own part of the global batch (its
     local rows) and gets the global array back (`jax.make_array_from_process_local_data`).
@@ -135,7 +140,8 @@ class DeviceLoader:
     out placed on `mesh`, split along axis 0 over `axis`, like torch_xla's `ParallelLoader`.
 
     **Arguments:**
-    - `loader`: yields pytrees of CPU torch tensors or arrays.
+    - `loader`: yields pytrees of CPU torch tensors or arrays; tensors are read as snapshots
+      when the batch is drawn, so a loader may refill the same buffer for the next batch.
     - `mesh`: defaults to a one-axis `"data"` mesh over all devices.
     - `axis`: the mesh axis (or axes) the batch dimension is split over.
     - `as_torch`: yield `JaxTensor`s (for PyTorch-first loops) instead of `jax.Array`s.

@@ -113,9 +113,10 @@ def test_torch_view_jax_view_round_trip_is_identity(tree):
 
 
 def test_to_jax_shares_memory_of_contiguous_tensor():
-    t = torch.arange(1024, dtype=torch.float32)
+    """A large tensor is not copied: its memory is made copy-on-write (issue 22: snapshots)."""
+    t = torch.arange(1 << 16, dtype=torch.float32)
     a = jaxtorch.to_jax(t)
-    assert a.unsafe_buffer_pointer() == t.data_ptr()
+    assert a.unsafe_buffer_pointer() == t.const_data_ptr()
 
 
 def test_to_torch_copies():

@@ -96,6 +96,13 @@ def _float_leaves(out) -> list[int]:
     ]
 
 
+def _extract(module: torch.nn.Module):
+    """`extract`'s params and forward; buffers a train-mode forward writes (BatchNorm statistics)
+    come back from the mutable function, which this drops (a non-mutable one refuses the write)."""
+    params, fn = jaxtorch.extract(module, mutable=True)
+    return params, lambda p, *args, **kwargs: fn(p, *args, **kwargs)[0]
+
+
 def run_sample(info, sample, training: bool, mode: str) -> None:
     module = _build(info, sample, training)
     leaves, spec, pos = _split(sample)
@@ -103,7 +110,7 @@ def run_sample(info, sample, training: bool, mode: str) -> None:
     ref_module = copy.deepcopy(module)
     if mode == "jit":
         ref = _call(ref_module, leaves, spec, pos, _clone(tensors))
-        params, fn = jaxtorch.extract(module)
+        params, fn = _extract(module)
 
         def forward(p, ts):
             args, kwargs = _unflatten_args(leaves, spec, pos, ts)
@@ -158,7 +165,7 @@ def _run_grad(module, ref_module, leaves, spec, pos, tensors) -> None:
     ref_grads = torch.autograd.grad(loss, wrt, allow_unused=True)
     ref_grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, ref_grads)]
 
-    params, fn = jaxtorch.extract(module)
+    params, fn = _extract(module)
     jcots = {i: jaxtorch.to_jax(c) for i, c in cots.items()}
     arrays = [jaxtorch.to_jax(t) for t in tensors]
 

@@ -51,8 +51,8 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
     - `rng`: a JAX PRNG key that random ops (dropout, `torch.rand`, ...) draw from.
 
     Arguments follow `jax.jit`'s rule, with and without it: JAX arrays, NumPy arrays
-    (converted as `jnp.asarray` converts them) and Python values; a torch tensor raises
-    `TypeError` saying to pass `jaxtorch.to_jax(t)`. Modules `fn` is, is bound to, or gets
+    (converted as `jnp.asarray` converts them), torch tensors (converted as `jaxtorch.to_jax`
+    converts them: snapshots) and Python values. Modules `fn` is, is bound to, or gets
     as an argument are left exactly as found (a write to their CPU tensors raises).
 
     **Returns:** `fn`'s result with each tensor replaced by its `jax.Array`.
@@ -76,12 +76,7 @@ def _modules_of(fn, args, kwargs) -> list[torch.nn.Module]:
 def _reject_tensor(where: str):
     def check(x):
         if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor):
-            raise TypeError(
-                f"{where} takes JAX arrays, as jax.jit does (which rejects torch tensors before jaxtorch "
-                f"sees them); got a torch.Tensor on {x.device} ({x.dtype}, shape {tuple(x.shape)}). Pass "
-                "`jaxtorch.to_jax(t)` (zero-copy on the CPU). NumPy arrays are fine: they are converted as "
-                "jnp.asarray converts them."
-            )
+            return tensor_to_jax(x)  # a snapshot, as `jax.jit` converts it (`tensor._convert`)
         if isinstance(x, np.ndarray):
             return jnp.asarray(x)
         return x
@@ -90,7 +85,8 @@ def _reject_tensor(where: str):
 
 
 def jax_inputs(tree, where: str):
-    """`tree` with NumPy arrays as JAX arrays (what `jax.jit` does to them); torch tensors raise.
+    """`tree` with NumPy arrays and torch tensors as JAX arrays (what `jax.jit` does to them;
+    tensors are read as snapshots, as `jaxtorch.to_jax` reads them).
 
     One rule for the JAX-first entry points (`call_torch`, `extract`'s `fn`, `TorchModule`),
     the same with and without `jax.jit`.
@@ -283,7 +279,8 @@ class ModuleFunction:
         values = {name: JaxTensor(v) for name, v in from_kernels(params, self._kernels).items()}
         tstate = {name: JaxTensor(v) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
-        with self._lock, scopes.module_scopes(), training_modes(self._modes), bound(self.module, {**values, **tstate}):
+        binding = bound(self.module, {**values, **tstate}, mutable=self.mutable)
+        with self._lock, scopes.module_scopes(), training_modes(self._modes), binding:
             out = _run_torch(self.module, targs, tkwargs, rng, data=(targs, tkwargs))
         if not self.mutable:
             return out

@@ -124,8 +124,9 @@ class StateWriteError(JaxtorchError):
     A compiled function (`jaxtorch.jit`/`compile`) wrote into a tensor that is not program
     state: one reached only through a closure or a global, or a traced value stored on a module
     attribute that is not a parameter or buffer; or torch code run as a pure JAX function
-    (`call_torch`, `extract`'s `fn`) wrote to a CPU tensor (`cpu_write`). The message names
-    the tensor and the way out."""
+    (`call_torch`, `extract`'s `fn`) wrote to a CPU tensor (`cpu_write`, `torch_state_write`), or a
+    non-mutable `extract` function's forward wrote a module buffer (`read_only_write`). The
+    message names the tensor and the way out."""
 
     @classmethod
     def cpu_write(cls, op, shape) -> StateWriteError:
@@ -137,4 +138,33 @@ class StateWriteError(JaxtorchError):
             "torch state, eagerly or under jax.jit. If the tensor is a module buffer (BatchNorm running "
             "statistics), use `params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns the new values; "
             "or call `model.eval()`."
+        )
+
+    @classmethod
+    def torch_state_write(cls, op, what: str) -> StateWriteError:
+        """The error for an op writing a plain torch tensor (`what` names it) inside a JAX-first function.
+
+        **Example:** `StateWriteError.torch_state_write(aten.add_.Tensor, "`Counter.count` (...)")`.
+        """
+        name = getattr(op, "name", lambda: str(op))()
+        return cls(
+            f"`{name}` writes in place to {what} inside `jaxtorch.call_torch` / the function from "
+            "`jaxtorch.extract` / a `TorchModule`, which run torch code as a pure JAX function: torch state is "
+            "never changed there, eagerly or under jax.jit (under jit the write would happen once, at trace "
+            "time, and never again). Ways out: return the new value instead of writing it; or make the tensor a "
+            "module buffer (`self.register_buffer('name', tensor)`) and use "
+            "`params, fn = jaxtorch.extract(model, mutable=True)`, whose `fn` returns the new buffer values; for "
+            "BatchNorm statistics, `extract(model, mutable=True)` or `model.eval()`; for a scratch tensor, "
+            "create it inside the function (on the jax device, the default there) or write to a `.clone()`."
+        )
+
+    @classmethod
+    def read_only_write(cls, owner: str, name: str, shape: tuple, dtype) -> StateWriteError:
+        """The error for a write to a module tensor a non-mutable `extract` function bound read-only."""
+        return cls(
+            f"The forward of {owner} writes in place to `{name}` (shape {shape}, dtype {dtype}), but this function "
+            "returns only the output (`jaxtorch.extract(model)` without `mutable=True`, or a `TorchModule`), so "
+            "the new value would be lost (BatchNorm's running statistics in train mode, a counter buffer). Use "
+            "`params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns `(output, new_params)`; or put "
+            "the module in eval mode (`model.eval()`) if the statistics should not change."
         )

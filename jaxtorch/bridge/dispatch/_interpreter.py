@@ -39,7 +39,7 @@ from ..core import _lazy as lazy
 from ..core import _tracing as tracing
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
 from ..core._eager import EAGER
-from ..core._errors import DataDependentError, DeviceMismatchError, StateWriteError, UnsupportedOpError
+from ..core._errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
 from ..core._executor import Executor, OpCall, signature
 from ..core._lazy import LAZY
 from ..tensor import _tensor
@@ -47,6 +47,7 @@ from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._device import is_jax_device, jax_device_of
 from ..tensor._tensor import JaxTensor, make_view, rebind, root, root_data, set_root_data, write, write_many
 from . import _foreach as foreach
+from . import _writes as writes
 from ._routing import Kind, Route, route
 from ._routing import functional_sibling as _functional_sibling
 from ._routing import mutated_args as _mutated_args
@@ -74,6 +75,8 @@ class jax_default_scope:
 
     def __exit__(self, *exc):
         _local.jax_default -= 1
+        if not _local.jax_default:
+            writes.forget_fresh()
 
 
 # ---- argument conversion (the only place torch values become JAX values in dispatch) -----
@@ -498,9 +501,11 @@ def _copy_(ex, args, kwargs):
 
 
 def _cpu_write(func, dst) -> None:
-    """Inside `call_torch`/`extract`'s fn, torch state (a CPU tensor) is never written."""
-    if jax_by_default():
-        raise StateWriteError.cpu_write(func, dst.shape)
+    """Inside `call_torch`/`extract`'s fn, torch state (a CPU tensor) is never written: the rule of
+    `_writes` (checked by `JaxDispatchMode` before any op runs; this is the backstop for writes
+    that reach the backend with Python dispatch excluded)."""
+    if jax_by_default() and writes.is_torch_state(dst):
+        writes.refuse_torch_state_write(func, dst)
 
 
 def _local_scalar_dense(ex, args, kwargs):
@@ -576,21 +581,29 @@ class JaxDispatchMode(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if JaxTensor in types or any(issubclass(t, JaxTensor) for t in types):
-            if func is _LIFT_FRESH:
-                return _lift_fresh(None, args, kwargs or {})
-            return dispatch(func, args, kwargs or {})
-        kwargs = kwargs or {}
+        if getattr(_local, "jax_default", 0) > 0:  # (inline `jax_by_default()`): the one write rule
+            kwargs = kwargs or {}
+            writes.refuse_torch_state_writes(func, args, kwargs)
+            return writes.note_fresh(func, args, _mode_dispatch(func, types, args, kwargs))
+        return _mode_dispatch(func, types, args, kwargs or {})
+
+
+def _mode_dispatch(func, types, args, kwargs):
+    """`JaxDispatchMode`'s routing: ops on `JaxTensor`s and jax factories to `dispatch`, the rest to torch."""
+    if JaxTensor in types or any(issubclass(t, JaxTensor) for t in types):
         if func is _LIFT_FRESH:
             return _lift_fresh(None, args, kwargs)
-        if _is_factory(func, args, kwargs):
-            return _place(dispatch(func, args, kwargs), kwargs.get("device"))
-        if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
-            for i, name, kw_only in _mutated_args(func):
-                t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
-                if isinstance(t, torch.Tensor):
-                    _tensor._check_write(t)
-        return func(*args, **kwargs)
+        return dispatch(func, args, kwargs)
+    if func is _LIFT_FRESH:
+        return _lift_fresh(None, args, kwargs)
+    if _is_factory(func, args, kwargs):
+        return _place(dispatch(func, args, kwargs), kwargs.get("device"))
+    if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
+        for i, name, kw_only in _mutated_args(func):
+            t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+            if isinstance(t, torch.Tensor):
+                _tensor._check_write(t)
+    return func(*args, **kwargs)
 
 
 def _place(out, device):
@@ -610,6 +623,7 @@ _LIFT_FRESH = aten.lift_fresh.default
 
 
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_DATA = torch._C.TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
 
 
 class JaxFunctionMode(TorchFunctionMode):
@@ -618,6 +632,8 @@ class JaxFunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(func, "__self__", None) is _DATA and jax_by_default():  # `t.data = v`: no aten op to see
+            writes.refuse_torch_state_writes(aten.set_data.default, args, kwargs)
         if func in _BACKWARD_FUNCS:
             with tracing.backward_in_trace():
                 return func(*args, **kwargs)

@@ -43,6 +43,7 @@ import jax
 import torch
 
 from ..core._errors import JaxtorchError
+from ..dispatch._writes import read_only
 from ..tensor._tensor import JaxTensor, root, root_data, set_root_data
 
 _MISSING = object()
@@ -375,7 +376,7 @@ def as_found(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def bound(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
+def bound(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], *, mutable: bool = True) -> Iterator[None]:
     """Inside, `module`'s parameters and buffers named in `tensors` are those tensors (in
     every slot that holds the same tensor object); on exit the module is exactly as found.
 
@@ -383,9 +384,11 @@ def bound(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> Itera
     - `module`: the torch module.
     - `tensors`: replacements by the names `named_state` gives; names it does not give raise
       `KeyError`, names left out keep the module's own tensors.
+    - `mutable`: False: a write to them raises `StateWriteError` (`dispatch._writes.read_only`).
 
     **Example:** `with bound(model, {"fc.weight": JaxTensor(w)}): out = model(x)`.
     """
     with Binding([module]) as binding:
         binding.bind(module, tensors)
-        yield
+        with contextlib.nullcontext() if mutable else read_only(tensors, type(module).__name__):
+            yield

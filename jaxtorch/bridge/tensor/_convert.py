@@ -3,10 +3,12 @@
 Two kinds of conversion:
 - `jax_view` / `torch_view`: no copy. `torch_view` wraps each `jax.Array` of a nested
   structure in a `JaxTensor`; `jax_view` unwraps each `JaxTensor` back to its array.
-- `to_jax` / `to_torch`: plain CPU `torch.Tensor` <-> `jax.Array`, zero copy whenever the
-  layout allows (NumPy's buffer protocol one way, DLPack the other); non-contiguous
-  tensors are made contiguous first. `to_jax` gives views; `tensor_to_jax` (what
-  `.to("jax")`, `copy_` and `extract` use) gives snapshots that never change afterwards.
+- `to_jax` / `to_torch`: plain CPU `torch.Tensor` <-> `jax.Array`. Every torch tensor
+  jaxtorch reads (`to_jax`, `.to("jax")`, `copy_`, `extract`, train-step batches,
+  `shard_batch`/`DeviceLoader`, `jaxtorch.compile` inputs, tensors a `call_torch` function
+  closes over) is read as a snapshot by `tensor_to_jax`: a write the caller makes after the
+  call returns never changes the array, even while JAX's asynchronous dispatch still reads
+  it. Large tensors are made copy-on-write (no copy), small ones copied. `to_torch` copies.
 
 Both walk arbitrary nesting with the one container registry (`pytrees.py`, i.e. JAX's
 `jax.tree_util` with torch tensors as leaves): list, tuple, dict, namedtuple, dataclasses,
@@ -15,7 +17,7 @@ Both walk arbitrary nesting with the one container registry (`pytrees.py`, i.e. 
 
 Example:
     ```python
-    x = to_jax(torch.arange(4.0))            # jax.Array sharing the tensor's memory
+    x = to_jax(torch.arange(4.0))            # jax.Array with the tensor's values now
     t = torch_view({"a": x, "b": [x, 2]})    # {"a": JaxTensor, "b": [JaxTensor, 2]}
     ```
 """
@@ -140,13 +142,18 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     never changes afterwards, whatever torch writes to `t`: when JAX's device is the CPU it
     reads `t`'s memory made copy-on-write (no copy; torch's next write to `t` copies first),
     otherwise it gets a copy. With `share=True` (`to_jax`) it is a view: JAX reads `t`'s
-    memory as it is (zero copy on the CPU), so later writes to `t` show through.
+    memory as it is (zero copy on the CPU), so later writes to `t` show through (for callers
+    that read the array at once; `to_jax` gives snapshots).
+
+    Tensors with no dense data JAX could hold (sparse, quantized, nested, MKL-DNN, meta)
+    raise a `TypeError` naming the layout and the conversion to make first.
 
     Like `jnp.asarray`, the result is uncommitted (JAX may move it to where the computation
     runs) unless `device` is given.
     """
     if isinstance(t, JaxTensor):
         return t.elem
+    _check_dense(t)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -164,6 +171,33 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     else:
         host = _host_view(t) if share else _host_snapshot(t)
     return jax.device_put(host, device)
+
+
+def _unreadable(t: torch.Tensor) -> str | None:
+    """Why `t` has no dense data to give JAX (and what to do), or None."""
+    if t.is_nested:
+        return f"a nested (jagged) tensor of dtype {t.dtype} has no one shape: pad it first (`t.to_padded_tensor(0.0)`)"
+    what = f"a torch.Tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
+    if t.layout is not torch.strided:
+        name = str(t.layout).removeprefix("torch.")
+        return f"{what} has the {name} layout; JAX arrays are dense: convert `t.to_dense()` first"
+    if t.is_quantized:
+        return f"{what} is quantized; JAX has no quantized arrays: convert `t.dequantize()` first"
+    if t.device.type == "meta":
+        return f"{what} is on the meta device: it has a shape but no data; create it on the CPU"
+    return None
+
+
+def _check_dense(t: torch.Tensor) -> None:
+    """Raise a `TypeError` naming the problem when `t` cannot become a `jax.Array`.
+
+    **Example:** `_check_dense(torch.eye(3).to_sparse())` raises: "... sparse_coo layout ...".
+    """
+    if t.layout is torch.strided and t.device.type != "meta" and not t.is_quantized and not t.is_nested:
+        return
+    why = _unreadable(t)
+    if why is not None:
+        raise TypeError(f"jaxtorch: cannot convert to a jax.Array: {why}.")
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
@@ -184,6 +218,7 @@ def array_to_torch(a, *, copy: bool = True) -> torch.Tensor:
         from ..core._errors import DataDependentError
 
         raise DataDependentError("conversion to a CPU torch.Tensor", "A traced value has no data yet.")
+    _check_not_key(a)
     a = jnp.asarray(a)
     want = to_torch_dtype(a.dtype)
     try:
@@ -203,9 +238,21 @@ def array_to_torch(a, *, copy: bool = True) -> torch.Tensor:
     return t
 
 
+def _check_not_key(a) -> None:
+    """Typed PRNG keys (`jax.random.key(0)`) have no torch dtype: raise a `TypeError` saying so."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        raise TypeError(
+            f"jaxtorch: cannot convert a JAX PRNG key array ({dtype}, shape {tuple(a.shape)}) to a torch.Tensor: "
+            "keys are opaque to torch. Pass the key to jaxtorch where randomness is drawn (`rng=key` of "
+            "`call_torch`, `extract`'s function, a train step), or convert its bits with "
+            "`jaxtorch.to_torch(jax.random.key_data(key))`."
+        )
+
+
 def _to_jax_leaf(x):
     if isinstance(x, torch.Tensor):
-        return tensor_to_jax(x, share=True)
+        return tensor_to_jax(x)  # a snapshot: see `_host_snapshot`
     if isinstance(x, torch.dtype):
         return to_jax_dtype(x)
     return x
@@ -222,17 +269,22 @@ def _to_torch_leaf(x):
 
 
 def to_jax(tree: Any) -> Any:
-    """Convert every torch tensor in `tree` to a `jax.Array` (zero-copy for contiguous CPU tensors).
+    """Convert every torch tensor in `tree` to a `jax.Array` holding the tensor's values now.
 
-    The arrays are views: on the CPU they read the tensors' memory, so a later in-place
-    write to a tensor shows in its array. For arrays that never change, take them from a
-    module with `extract`, or convert a `.clone()`. Like `jnp.asarray`'s, the arrays are
-    not committed to a device, so they mix with other JAX arrays without recompiling.
+    The arrays are snapshots: a write to a tensor after the call (a data loader refilling
+    its buffer, `t.fill_(0)`) never changes its array, even while JAX's asynchronous
+    dispatch is still reading it. A contiguous CPU tensor of 64 KiB or more is not copied:
+    its memory is made copy-on-write (torch's next write to it copies it first, and only
+    if the array is still alive); smaller tensors are copied. Writes that bypass torch (a
+    NumPy array over the tensor's memory taken before the call) are not seen by
+    copy-on-write: convert a `.clone()` for those. Like `jnp.asarray`'s, the arrays are not
+    committed to a device, so they mix with other JAX arrays without recompiling.
 
     **Example:**
         ```python
         t = torch.arange(6.0).reshape(2, 3)
-        a = jaxtorch.to_jax(t)         # shares t's memory
+        a = jaxtorch.to_jax(t)         # t's values now
+        t.fill_(0)                     # `a` still holds 0..5
         b = jaxtorch.to_jax(t.T)       # non-contiguous: copied into a contiguous array
         ```
     """
@@ -253,3 +305,40 @@ def to_torch(tree: Any) -> Any:
 
 
 __all__ = ["jax_view", "torch_view", "to_jax", "to_torch", "tensor_to_jax", "array_to_torch", "tree_map", "x64_enabled"]
+
+
+# ---- torch tensors as JAX inputs ----------------------------------------------------------------
+def _aval_of_tensor(t: torch.Tensor):
+    """The abstract value JAX gives a torch tensor argument: its shape, its dtype as `to_jax` converts it."""
+    from jax._src import core as jax_core
+
+    _check_dense(t)
+    return jax_core.ShapedArray(tuple(t.shape), to_jax_dtype(t.dtype))
+
+
+def _register_tensors_as_jax_inputs() -> bool:
+    """Let JAX take torch tensors where it takes NumPy arrays (`jax.jit`/`grad`/`vmap` arguments,
+    `jnp` functions, `jax.device_put`), converted by `tensor_to_jax`: a snapshot, as `to_jax` reads.
+
+    JAX 0.10 refuses `__jax_array__` while abstracting arguments (it raises before calling it),
+    and registering `torch.Tensor` as a pytree would change what `jax.tree_util` gives for every
+    tensor; these two handlers (looked up along the type's MRO, so `nn.Parameter` and `JaxTensor`
+    too) only turn JAX's "not a valid JAX type" into the conversion. Returns False (JAX's own error
+    stays) when this JAX has no such tables.
+
+    **Example:** after it, `jax.jit(lambda x: x * 2)(torch.ones(3))` is `Array([2., 2., 2.])`.
+    """
+    try:
+        from jax._src import core as jax_core
+        from jax._src import dtypes as jax_dtypes
+
+        avals, register = jax_core.pytype_aval_mappings, jax_dtypes.register_canonicalize_value_handler
+    except (ImportError, AttributeError):  # pragma: no cover - another JAX
+        return False
+    if torch.Tensor not in avals:
+        avals[torch.Tensor] = _aval_of_tensor
+        register(torch.Tensor, tensor_to_jax)
+    return True
+
+
+TENSORS_ARE_JAX_INPUTS = _register_tensors_as_jax_inputs()

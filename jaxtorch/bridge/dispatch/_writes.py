@@ -1,0 +1,242 @@
+"""The one rule for writes inside JAX-first functions, checked in one place.
+
+Inside `call_torch`, `extract`'s function and `TorchModule` (the jax-by-default
+environment, also `jaxtorch.compile`'s trace), torch code runs as a pure JAX function: it
+may compute anything, but it never changes torch state. Two kinds of tensor are torch
+state there, and a write to either raises `StateWriteError` naming the tensor and the way
+out, before the op runs (eagerly and under `jax.jit` alike, so nothing is ever written
+once at trace time and then silently skipped):
+
+1. **plain torch tensors** (CPU tensors a function closes over, a module's plain tensor
+   attribute such as `self.count`, a module's own parameters and buffers in `call_torch`):
+   `refuse_torch_state_writes`, called by `JaxDispatchMode` for every op, reads which
+   arguments the op writes from the route table (`_routing.route(op).mutated`), so every
+   in-place op is covered without a list: scalar and tensor overloads (`add_(1)`,
+   `+=`), fills (`fill_`, `zero_`, setitem), random fills (`normal_`, `uniform_`),
+   foreach ops (`_foreach_add_`), `out=` variants, metadata writes (`squeeze_`,
+   `resize_`);
+2. **the module's tensors bound read-only for one call** (`read_only`, entered by
+   `state._binding.bound(..., mutable=False)`: `extract(model)`'s function without
+   `mutable=True`, `TorchModule`): a write (BatchNorm's running statistics in train mode)
+   would be dropped after the call, so it raises; `extract(model, mutable=True)` returns
+   the new values instead.
+
+Outside the jax-by-default environment (`enable_globally`, `x.to("jax")`) nothing here runs:
+CPU writes are ordinary torch.
+
+Example:
+    ```python
+    count = torch.zeros(())
+    jaxtorch.call_torch(lambda x: (count.add_(1), x)[1], jnp.ones(3))   # StateWriteError: `count` ...
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..core._errors import StateWriteError
+from ..tensor import _tensor
+from ..tensor._tensor import JaxTensor, root
+from ._routing import route
+
+_local = threading.local()
+_guard = threading.Lock()
+_active = [0]  # threads inside a `read_only` scope (the check is installed while > 0)
+
+
+# ---- 1. plain torch tensors -------------------------------------------------------------------
+def _targets(func, args, kwargs) -> Iterator[Any]:
+    """The values `func` writes: each mutated argument (list elements for foreach ops)."""
+    for i, name, kw_only in route(func).mutated:
+        t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+        if isinstance(t, (list, tuple)):
+            yield from t
+        else:
+            yield t
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, ...)
+        return None
+
+
+def _fresh() -> set[int]:
+    f = getattr(_local, "fresh", None)
+    if f is None:
+        f = _local.fresh = set()
+    return f
+
+
+def note_fresh(func, args, out: Any) -> Any:
+    """Remember the plain tensors the op `func` made inside the jax-by-default environment
+    (scratch memory: a CPU tensor made with `device="cpu"`, `x.cpu()`, the temporaries of
+    torch's composite kernels): writing them is not writing torch state. Views and other
+    results sharing an argument's memory are not new. Returns `out`.
+
+    **Example:** `note_fresh(aten.empty.memory_format, ([3],), t)` lets a later `t.fill_(0)` run.
+    """
+    if type(out) is JaxTensor or out is None:
+        return out
+    new = [t for t in (out if isinstance(out, (list, tuple)) else (out,)) if _is_plain(t)]
+    if not new or any(r.alias_info is not None for r in func._schema.returns):
+        return out
+    inputs = {_storage_key(a) for a in _flat(args) if _is_plain(a)}
+    for t in new:
+        key = _storage_key(t)
+        if key is not None and key not in inputs:
+            _fresh().add(key)
+    return out
+
+
+def _is_plain(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor)
+
+
+def _flat(args) -> Iterator[Any]:
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
+def forget_fresh() -> None:
+    """Forget the scratch tensors (when this thread leaves the jax-by-default environment)."""
+    _local.fresh = None
+
+
+def is_torch_state(t: Any) -> bool:
+    """A plain torch tensor with data (not a `JaxTensor`, not on the meta device) that was not
+    made inside the environment (`note_fresh`)."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, JaxTensor) or t.device.type == "meta":
+        return False
+    fresh = getattr(_local, "fresh", None)
+    return not fresh or _storage_key(t) not in fresh
+
+
+def refuse_torch_state_writes(func, args, kwargs) -> None:
+    """Raise `StateWriteError` if the op `func` would write a plain torch tensor.
+
+    Called by `JaxDispatchMode` for every op inside the jax-by-default environment.
+
+    **Example:** `refuse_torch_state_writes(aten.add_.Tensor, (cpu_t, 1), {})` raises.
+    """
+    if not route(func).mutated:
+        return
+    for t in _targets(func, args, kwargs):
+        if is_torch_state(t):
+            refuse_torch_state_write(func, t)
+
+
+def refuse_torch_state_write(func, t: torch.Tensor) -> None:
+    """Raise for a write of `func` to the plain tensor `t` (inside `jaxtorch.compile`'s trace,
+    its own check names the tensor the way compile users need)."""
+    if _tensor.write_checks:
+        _tensor._check_write(t)  # type: ignore[arg-type]  # (compile's check takes any tensor)
+    raise StateWriteError.torch_state_write(func, describe(t))
+
+
+# Frames of jaxtorch's and torch's machinery: the user's frame is searched for a name.
+_SKIP = ("/jaxtorch/bridge/", "/torch/", "/jax/", "/contextlib.py")
+
+
+def _same_memory(a: torch.Tensor, b: Any) -> bool:
+    if not isinstance(b, torch.Tensor) or isinstance(b, JaxTensor) or b.device != a.device:
+        return False
+    return b is a or b.untyped_storage()._cdata == a.untyped_storage()._cdata
+
+
+def _attribute_name(module: torch.nn.Module, t: torch.Tensor) -> str | None:
+    """`sub.attr` for the tensor attribute (buffer, parameter or plain) of `module` holding `t`'s memory."""
+    for prefix, m in module.named_modules():
+        for slots in (m._buffers, m._parameters, m.__dict__):
+            for k, v in slots.items():
+                if _same_memory(t, v):
+                    return f"{prefix}.{k}" if prefix else k
+    return None
+
+
+def describe(t: torch.Tensor) -> str:
+    """`t` as the user knows it: a module attribute (`Counter.count`) or a variable name found
+    in the calling frames (a closure), with its shape and dtype.
+
+    **Example:** `describe(self.count)` is "`Counter.count` (a CPU tensor of shape () and dtype torch.float32)".
+    """
+    what = f"a {t.device.type.upper()} tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            local = frame.f_locals
+            owner = local.get("self")
+            if isinstance(owner, torch.nn.Module):
+                name = _attribute_name(owner, t)
+                if name is not None:
+                    return f"`{type(owner).__name__}.{name}` ({what})"
+            for k, v in local.items():
+                if _same_memory(t, v):
+                    return f"`{k}` ({what}, in `{frame.f_code.co_name}`)"
+        frame = frame.f_back
+    return what
+
+
+# ---- 2. module tensors bound read-only ----------------------------------------------------------
+def _read_only() -> dict[int, tuple[JaxTensor, str, str]]:
+    d = getattr(_local, "read_only", None)
+    if d is None:
+        d = _local.read_only = {}
+    return d
+
+
+def _refuse_read_only_write(t: JaxTensor) -> None:
+    if not isinstance(t, JaxTensor):
+        return
+    entry = _read_only().get(id(root(t)))
+    if entry is not None:
+        _, owner, name = entry
+        raise StateWriteError.read_only_write(owner, name, tuple(root(t).shape), root(t).dtype)
+
+
+@contextlib.contextmanager
+def read_only(tensors: Mapping[str, torch.Tensor], owner: str) -> Iterator[None]:
+    """Inside, a write to any of `tensors` (or a view of one) raises `StateWriteError`
+    naming it (`owner.name`) and saying to use `extract(model, mutable=True)`.
+
+    Entered by `state._binding.bound(module, values, mutable=False)`, this thread only.
+
+    **Example:**
+        ```python
+        with read_only({"bn.running_mean": JaxTensor(m)}, "Net"):
+            bn(x)     # train mode: StateWriteError: `Net.bn.running_mean` ...
+        ```
+    """
+    marks = _read_only()
+    added = []
+    for name, t in tensors.items():
+        if isinstance(t, JaxTensor):
+            r = root(t)
+            if id(r) not in marks:
+                marks[id(r)] = (r, owner, name)  # (holds `r`: its id stays unique while marked)
+                added.append(id(r))
+    with _guard:
+        _active[0] += 1
+        if _active[0] == 1:
+            _tensor.write_checks.append(_refuse_read_only_write)
+    try:
+        yield
+    finally:
+        with _guard:
+            _active[0] -= 1
+            if _active[0] == 0:
+                _tensor.write_checks.remove(_refuse_read_only_write)
+        for k in added:
+            del marks[k]
