@@ -310,17 +310,26 @@ class ArgState:
         return [_array(t, "an argument") if isinstance(t, torch.Tensor) else t for t in self.tensors]
 
     def key(self, arrays) -> tuple:
-        """What decides a program: structure, static values, and the arrays' shapes and dtypes."""
+        """What decides a program: structure, static values, the arrays' shapes and dtypes, and
+        which tensors require grad (they keep `requires_grad` inside the program)."""
         return (
             self.treedef,
             tuple(freeze(s) for s in self.statics),
             tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+            self.requiring_grad(),
         )
+
+    def requiring_grad(self) -> tuple[int, ...]:
+        """Positions of the tensors that require grad (floating or complex ones)."""
+        return tuple(j for j, t in enumerate(self.tensors) if wants_grad(t))
 
     def rebuild(self, arrays) -> tuple[tuple, dict, list]:
         """Fresh arguments holding `JaxTensor(array)`s (aliases share one); the containers are
-        copies, so nothing the traced function does reaches the caller's objects."""
-        inputs = [JaxTensor(a) for a in arrays]
+        copies, so nothing the traced function does reaches the caller's objects. A tensor
+        that requires grad gives a leaf that requires grad (autograd inside the function works
+        as in eager torch)."""
+        grads = set(self.requiring_grad()) if torch.is_grad_enabled() else set()
+        inputs = [JaxTensor(a, requires_grad=j in grads) for j, a in enumerate(arrays)]
         leaves = [inputs[s] if isinstance(s, Slot) else s for s in self.statics]
         args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return args, kwargs, inputs
@@ -379,6 +388,11 @@ class ArgState:
         new_args, new_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         _merge(args, new_args)
         _merge(kwargs, new_kwargs)
+
+
+def wants_grad(t) -> bool:
+    """A torch tensor that requires grad and can have a gradient (floating or complex)."""
+    return isinstance(t, torch.Tensor) and t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
 def _plain_stateful(x) -> bool:
