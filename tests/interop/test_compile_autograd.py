@@ -149,3 +149,19 @@ def test_tiny_hf_model_trains_with_compiled_loss():
         opt.step()
     for (name, a), b in zip(ref.state_dict().items(), model.state_dict().values()):
         np.testing.assert_allclose(a.numpy(), b.cpu().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_call_jax_double_backward_matches_torch(device):
+    import jax.numpy as jnp
+
+    w = torch.randn(3, device=device, requires_grad=True)
+    y = jaxtorch.call_jax(lambda a: jnp.sum(jnp.sin(a) ** 3), w)
+    (g,) = torch.autograd.grad(y, w, create_graph=True)
+    (g * g).sum().backward()
+    wr = w.detach().cpu().requires_grad_()
+    (gr,) = torch.autograd.grad((wr.sin() ** 3).sum(), wr, create_graph=True)
+    (gr * gr).sum().backward()
+    np.testing.assert_allclose(g.detach().cpu().numpy(), gr.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(w.grad.cpu().numpy(), wr.grad.numpy(), rtol=1e-5)
+    assert w.grad.device == w.device
