@@ -76,7 +76,7 @@ from ..state._holders import ArgState, Holders, wants_grad
 from ..tensor import _tensor
 from ..tensor._autograd import _to_array
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, root, root_data, was_written, write
+from ..tensor._tensor import JaxTensor, make_view, root, root_data, view_fn, was_written, write
 from ._jax_first import _module_lock, _run_torch
 
 
@@ -149,7 +149,7 @@ class Compiled:
                     binding = stack.enter_context(Binding([m]))
                     binding.bind(m, {name: t for (j, name), t in tstate.items() if j == i})
                     bindings.append((i, binding))
-                out = self._run(_noting_grads(call, self._aux, key), key, call_args, kwargs, rng)
+                out = self._run(_noting(call, self._aux, key, inputs), key, call_args, kwargs, rng)
                 for i, binding in bindings:  # `self.buf = new` inside the forward: a write too
                     for name, value in binding.rebound():
                         _rebound(tstate[(i, name)], value, name)
@@ -176,7 +176,7 @@ class Compiled:
             args, kwargs, inputs = argstate.rebuild(dyn)
             call, call_args = self._callee(args, free)
             with holders.bound(state, opt_statics) as binding:
-                out = self._run(call, random_key, call_args, kwargs, rng)
+                out = self._run(_noting(call, self._aux, key, inputs), random_key, call_args, kwargs, rng)
                 new_state, _ = holders.read()
                 self._aux[("holders", key)] = holders.state_statics()
                 leaked = binding.leaks()
@@ -233,9 +233,13 @@ class Compiled:
                 return out
 
             if not (names or slots):
-                return _wrap(run(prog(state, dyn, rng)))
-            diff = [state_tensors[k] for k in names] + [argstate.tensors[j] for j in slots]
-            return _differentiable_call(lambda: prog(state, dyn, rng), run, diff, lambda: self._aux[("vjp", fkey)])
+                result = _wrap(run(prog(state, dyn, rng)))
+            else:
+                diff = [state_tensors[k] for k in names] + [argstate.tensors[j] for j in slots]
+                result = _differentiable_call(
+                    lambda: prog(state, dyn, rng), run, diff, lambda: self._aux[("vjp", fkey)]
+                )
+            return _aliasing(result, self._aux[("aliases", fkey)], argstate.tensors)
 
     def _key(self, key, rng: jax.Array | None) -> jax.Array:
         """`rng`, else the eager generator's next key for programs that draw (or not traced yet)."""
@@ -265,7 +269,7 @@ class Compiled:
             finally:
                 for lock in reversed(locks):
                     lock.release()
-        return _wrap(out)
+        return _aliasing(_wrap(out), self._aux[("aliases", pkey)], argstate.tensors)
 
 
 # ---- autograd through a compiled call ------------------------------------------------------
@@ -327,16 +331,45 @@ def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> C
     return forward
 
 
-def _noting_grads(call: Callable, aux: dict, key) -> Callable:
-    """`call`, noting in `aux[("grad_flags", key)]` which tensors of its result require grad."""
+def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
+    """`call`, noting which tensors of its result require grad (`aux[("grad_flags", key)]`) and
+    which are arguments or views of one (`aux[("aliases", key)]`: position, argument, view fn)."""
 
     def noted(*args, **kwargs):
         out = call(*args, **kwargs)
         leaves = pytrees.flatten(out)[0]
         aux[("grad_flags", key)] = [isinstance(x, torch.Tensor) and x.requires_grad for x in leaves]
+        by_id = {id(t): j for j, t in enumerate(inputs)}
+        aliases = []
+        for i, x in enumerate(leaves):
+            if not isinstance(x, JaxTensor):
+                continue
+            j = by_id.get(id(x))
+            if j is not None:
+                aliases.append((i, j, None))
+            elif (j := by_id.get(id(root(x)))) is not None:
+                aliases.append((i, j, view_fn(x)))
+        aux[("aliases", key)] = aliases
         return out
 
     return noted
+
+
+def _aliasing(out: Any, aliases: list, originals: list) -> Any:
+    """`out` with each result that was an argument (or a view of one) inside the program made
+    that argument (or the same view of it), as eager torch returns them. A view of a CPU
+    argument stays a jax tensor holding the values (torch memory cannot alias a JAX array)."""
+    if not aliases:
+        return out
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    for i, j, fn in aliases:
+        t = originals[j]
+        if fn is None:
+            if not leaves[i].requires_grad or t.requires_grad:  # (else: the differentiable result)
+                leaves[i] = t
+        elif isinstance(t, JaxTensor) and not leaves[i].requires_grad:
+            leaves[i] = make_view(t, leaves[i].elem, fn)
+    return jax.tree_util.tree_unflatten(tree, leaves)
 
 
 @jax.jit

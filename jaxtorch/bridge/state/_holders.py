@@ -38,7 +38,7 @@ import torch
 
 from ..core import _pytrees as pytrees
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, root, was_written, write
+from ..tensor._tensor import JaxTensor, make_view, root, view_fn, view_key, was_written, write
 from ._binding import Binding
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
@@ -277,7 +277,8 @@ class ArgState:
 
     treedef: Any
     statics: tuple  # per leaf: a `Slot` for a tensor, else the (static) value itself
-    tensors: list  # the unique tensors, originals
+    tensors: list  # the unique tensors, originals (then the roots of aliased views, if not among them)
+    views: dict[int, tuple[int, Any]] = dataclasses.field(default_factory=dict)  # j -> (root's j, view fn)
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> ArgState:
@@ -299,7 +300,7 @@ class ArgState:
                 statics.append(Slot(j))
             else:
                 statics.append(x)
-        return cls(treedef, tuple(statics), tensors)
+        return cls(treedef, tuple(statics), tensors, _aliased_views(tensors))
 
     def holders(self) -> tuple:
         """The modules and optimizers among the arguments."""
@@ -317,6 +318,7 @@ class ArgState:
             tuple(freeze(s) for s in self.statics),
             tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
             self.requiring_grad(),
+            tuple((j, r, view_key(fn) or id(fn)) for j, (r, fn) in self.views.items()),
         )
 
     def requiring_grad(self) -> tuple[int, ...]:
@@ -330,13 +332,15 @@ class ArgState:
         as in eager torch)."""
         grads = set(self.requiring_grad()) if torch.is_grad_enabled() else set()
         inputs = [JaxTensor(a, requires_grad=j in grads) for j, a in enumerate(arrays)]
+        for j, (r, fn) in self.views.items():  # arguments aliasing one root: views of one input
+            inputs[j] = make_view(inputs[r], fn(inputs[r].elem), fn)
         leaves = [inputs[s] if isinstance(s, Slot) else s for s in self.statics]
         args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return args, kwargs, inputs
 
     def outcome(self, args, kwargs, inputs) -> tuple[list, list, Any]:
         """After the traced call: (written values, new leaves' values, aux for `write_back`)."""
-        written = [j for j, t in enumerate(inputs) if was_written(t)]
+        written = [j for j, t in enumerate(inputs) if j not in self.views and was_written(t)]
         for j in written:
             if not isinstance(self.tensors[j], torch.Tensor):
                 raise TypeError(
@@ -388,6 +392,31 @@ class ArgState:
         new_args, new_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         _merge(args, new_args)
         _merge(kwargs, new_kwargs)
+
+
+def _aliased_views(tensors: list) -> dict[int, tuple[int, Any]]:
+    """Argument tensors sharing a root with another one (overlapping views, a tensor and a
+    view of it): each becomes a view of the root, which is the program input (appended to
+    `tensors` when not an argument itself), so a write through one is seen through the others
+    as in eager torch. Groups with a tensor requiring grad are left apart (their gradients
+    flow to each input)."""
+    groups: dict[int, list[int]] = {}
+    for j, t in enumerate(tensors):
+        if isinstance(t, JaxTensor):
+            groups.setdefault(id(root(t)), []).append(j)
+    views: dict[int, tuple[int, Any]] = {}
+    for js in groups.values():
+        if len(js) < 2 or any(wants_grad(tensors[j]) for j in js):
+            continue
+        r = root(tensors[js[0]])
+        rj = next((j for j in js if tensors[j] is r), None)
+        if rj is None:
+            rj = len(tensors)
+            tensors.append(r)
+        for j in js:
+            if j != rj:
+                views[j] = (rj, view_fn(tensors[j]))
+    return views
 
 
 def wants_grad(t) -> bool:
