@@ -165,3 +165,20 @@ def test_call_jax_double_backward_matches_torch(device):
     np.testing.assert_allclose(g.detach().cpu().numpy(), gr.detach().numpy(), rtol=1e-5)
     np.testing.assert_allclose(w.grad.cpu().numpy(), wr.grad.numpy(), rtol=1e-5)
     assert w.grad.device == w.device
+
+
+def test_jit_function_taking_a_module_is_differentiable():
+    ref = _net().eval()
+    model = copy.deepcopy(ref).to("jax")
+
+    @jaxtorch.jit
+    def forward(m, x):
+        return m(x)
+
+    x = torch.randn(5, 4)
+    forward(model, x.to("jax")).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    for p, q in zip(ref.parameters(), model.parameters()):
+        np.testing.assert_allclose(q.grad.cpu().numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        assert not forward(model, x.to("jax")).requires_grad

@@ -76,7 +76,7 @@ from ..state._holders import ArgState, Holders, wants_grad
 from ..tensor import _tensor
 from ..tensor._autograd import _to_array
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, make_view, root, root_data, view_fn, was_written, write
+from ..tensor._tensor import JaxTensor, make_view, root, root_data, view_fn, view_key, was_written, write
 from ._jax_first import _module_lock, _run_torch
 
 
@@ -165,8 +165,11 @@ class Compiled:
         self._programs[key] = prog
         return prog
 
-    def _step_program(self, key, argstate: ArgState, holders: Holders, opt_statics, random_key, free: _Free):
-        """A program for a function that updates modules/optimizers (a train step)."""
+    def _step_program(
+        self, key, argstate: ArgState, holders: Holders, opt_statics, random_key, free: _Free, grads: tuple = ()
+    ):
+        """A program for a function that updates modules/optimizers (a train step); with
+        `grads` (positions in `holders.tensors`, argument slots) it also returns its VJP."""
         prog = self._programs.get(key)
         if prog is not None:
             return prog
@@ -189,7 +192,7 @@ class Compiled:
             self._aux[key] = aux
             return out, new_state, written, new
 
-        prog = jax.jit(traced)
+        prog = jax.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
         self._programs[key] = prog
         return prog
 
@@ -260,16 +263,32 @@ class Compiled:
             try:
                 state, signature = holders.read()
                 opt_statics = holders.state_statics()
-                pkey = (key, tuple(id(o) for o in objects), signature)
-                prog = self._step_program(pkey, argstate, holders, opt_statics, random_key=key, free=free)
-                out, new_state, written, new = prog(state, dyn, rng)
-                holders.install(new_state, self._aux[("holders", pkey)])
+                # a forward of modules (no optimizer) under grad mode: differentiable like compile(module)
+                params = _differentiable_params(holders) if torch.is_grad_enabled() and not holders.optimizers else []
+                slots = argstate.requiring_grad() if torch.is_grad_enabled() else ()
+                positions = tuple(i for i, _ in params)
+                pkey = (key, tuple(id(o) for o in objects), signature, positions)
+                grads = (positions, slots) if positions or slots else ()
+                prog = self._step_program(pkey, argstate, holders, opt_statics, key, free, grads)
                 ext = (*args, list(free.tensors.values())) if free.tensors else args
-                argstate.write_back(ext, kwargs, self._aux[pkey], written, new)
+
+                def finish(outs):
+                    out, new_state, written, new = outs
+                    holders.install(new_state, self._aux[("holders", pkey)])
+                    argstate.write_back(ext, kwargs, self._aux[pkey], written, new)
+                    return out
+
+                if not grads:
+                    result = _wrap(finish(prog(state, dyn, rng)))
+                else:
+                    diff = [p for _, p in params] + [argstate.tensors[j] for j in slots]
+                    result = _differentiable_call(
+                        lambda: prog(state, dyn, rng), finish, diff, lambda: self._aux[("vjp", pkey)]
+                    )
             finally:
                 for lock in reversed(locks):
                     lock.release()
-        return _aliasing(_wrap(out), self._aux[("aliases", pkey)], argstate.tensors)
+        return _aliasing(result, self._aux[("aliases", pkey)], argstate.tensors)
 
 
 # ---- autograd through a compiled call ------------------------------------------------------
@@ -298,6 +317,40 @@ def _inexact(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
+def _differentiable_params(holders: Holders) -> list[tuple[int, torch.Tensor]]:
+    """`(position in holders.tensors, parameter)` for each parameter requiring grad: a
+    gradient with respect to its root's data is its gradient (it is the root, or a view of all of it)."""
+    at = {id(r): i for i, r in enumerate(holders.tensors)}
+    out = []
+    for p in holders.params:
+        if not wants_grad(p):
+            continue
+        fn = view_fn(p)
+        r = root(p)
+        if fn is not None and (view_key(fn) != ("identity",) or r.shape != p.shape or r.dtype != p.dtype):
+            raise NotImplementedError(
+                "jaxtorch.jit: a parameter that is a partial view of another tensor cannot be differentiated "
+                "through a compiled forward; call the function eagerly, or run `backward()` inside it."
+            )
+        out.append((at[id(r)], p))
+    return out
+
+
+def _pick(state: Any, names: tuple) -> list:
+    """The arrays of `state` (a dict by name, or a train step's `State` by position) at `names`."""
+    return [state[k] for k in names] if isinstance(state, dict) else [state.tensors[k] for k in names]
+
+
+def _put(state: Any, names: tuple, values: list) -> Any:
+    """`state` with `values` at `names` (see `_pick`)."""
+    if isinstance(state, dict):
+        return {**state, **dict(zip(names, values))}
+    tensors = list(state.tensors)
+    for k, v in zip(names, values):
+        tensors[k] = v
+    return dataclasses.replace(state, tensors=tensors)
+
+
 def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> Callable:
     """`traced` as a forward that also returns its VJP (`jax.vjp` inside the program: the
     residuals come out as arrays) with respect to the state `names` and argument `slots`.
@@ -309,7 +362,7 @@ def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> C
 
     def forward(state: dict, dyn: list, rng):
         def f(diff):
-            full_state = {**state, **dict(zip(names, diff[0]))}
+            full_state = _put(state, names, diff[0])
             full_dyn = list(dyn)
             for j, a in zip(slots, diff[1]):
                 full_dyn[j] = a
@@ -324,7 +377,7 @@ def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> C
             others = [x for i, x in enumerate(leaves) if i not in at]
             return [leaves[i] for i in at], (others, rest)
 
-        primal = ([state[k] for k in names], [dyn[j] for j in slots])
+        primal = (_pick(state, names), [dyn[j] for j in slots])
         outs, vjp, (others, rest) = jax.vjp(f, primal, has_aux=True)
         return outs, vjp, others, rest
 
