@@ -317,7 +317,7 @@ def _inexact(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def _differentiable_params(holders: Holders) -> list[tuple[int, torch.Tensor]]:
+def _differentiable_params(holders: Holders) -> list[tuple[int, JaxTensor]]:
     """`(position in holders.tensors, parameter)` for each parameter requiring grad: a
     gradient with respect to its root's data is its gradient (it is the root, or a view of all of it)."""
     at = {id(r): i for i, r in enumerate(holders.tensors)}
