@@ -20,9 +20,27 @@ State semantics (what a compiled call reads and writes):
   `opt.step()` happen inside the program.
 - Programs are cached by the arguments' structure, static values (non-tensor leaves) and
   tensor shapes/dtypes: one compilation per distinct signature, never per value.
+- Tensors and modules a compiled function reaches through its closure cells, the global
+  names its code mentions, or its bound `self`'s attributes are program inputs too, read
+  at every call (like `torch.compile`'s guards: a new value reuses the program, a new
+  shape, dtype or module object compiles again); writes to them are written back as for
+  arguments. Where the function reaches them is found once per function (`_FreeNames`);
+  what is there is looked up again at every call.
+- Aliasing is eager torch's: arguments sharing data (overlapping views, a tensor and a
+  view of it) enter as one root with views of it, so a write through one is seen through
+  the others; a result that is an argument is that argument, and a view of one is the
+  same view of the caller's tensor.
+- Autograd: when grad mode is on and a parameter (of the compiled module, of a closed-over
+  module, of a module argument without optimizers) or a tensor argument requires grad, the
+  floating results that depend on them come out of one `torch.autograd.Function`: its
+  forward is the jitted program with `jax.vjp` inside (the residuals are outputs) and its
+  backward the jitted VJP, so `compiled(x).loss.backward(); opt.step()` trains as eager.
+  With nothing requiring grad the program is the plain one (no residuals). Tensors keep
+  `requires_grad` inside the program (`torch.autograd.grad` there works); the backward is
+  once differentiable (`create_graph=True` through it raises).
 - A write jaxtorch cannot carry out raises `StateWriteError` naming the tensor: an in-place
-  write to a tensor the function reaches only from outside its arguments (a closure or a
-  global), or a traced value stored on a module attribute that is not a parameter or
+  write to a tensor reached only through an object the function closes over (a cache, a
+  list), or a traced value stored on a module attribute that is not a parameter or
   buffer. No tracer ever stays in a tensor that outlives the trace.
 - Modules are left exactly as found (every submodule once, shared ones included): their
   tensors are bound in for the trace and put back (one `state/_binding.Binding`), and
