@@ -157,7 +157,22 @@ def test_closure_read_in_a_comprehension():
 
     xs = [torch.randn(1, 2), torch.randn(1, 2)]
     with torch.no_grad():
-        first.weight.zero_()
+        f(xs)
+        first.weight.zero_()  # seen by the compiled function on its next call
         got = f(xs)
     for g, x in zip(got, xs):
         _close(g, first(x))
+
+
+def test_closed_over_leaf_tensor_gets_its_gradient():
+    w = torch.randn(3, requires_grad=True)
+    wr = w.detach().clone().requires_grad_()
+
+    @jaxtorch.jit
+    def f(x):
+        return (x * w).tanh().sum()
+
+    x = torch.randn(3)
+    f(x).backward()
+    (x * wr).tanh().sum().backward()
+    _close(w.grad, wr.grad)

@@ -434,6 +434,8 @@ def _aliasing(out: Any, aliases: list, originals: list) -> Any:
         return out
     leaves, tree = jax.tree_util.tree_flatten(out)
     for i, j, fn in aliases:
+        if i >= len(leaves) or not isinstance(leaves[i], JaxTensor):  # (a structure the note cannot follow)
+            continue
         t = originals[j]
         if fn is None:
             if not leaves[i].requires_grad or t.requires_grad:  # (else: the differentiable result)
