@@ -107,3 +107,20 @@ def test_in_place_adds_from_threads_lose_no_update(lazy):
     assert shared == [n, 2 * n, 2 * n]
     assert own == [[M_ADDS] * 3] * N_THREADS
     assert not jaxtorch.bridge.core._lazy.is_enabled()  # the last block to close turned lazy mode off
+
+
+@pytest.mark.parametrize(
+    "views", [lambda t: (t[:3], t[1:]), lambda t: (t.view(2, 2), t.view(2, 2).t())], ids=["slices", "transpose"]
+)
+def test_overlapping_cpu_views_as_separate_arguments(views):
+    def f(a, b):
+        a.mul_(2)
+        return b.sum(), b * 1
+
+    ref = torch.arange(1.0, 5.0)
+    expected = f(*views(ref))
+    base = torch.arange(1.0, 5.0)
+    got = jaxtorch.jit(f)(*views(base))
+    assert float(got[0].cpu()) == float(expected[0])
+    assert got[1].cpu().tolist() == expected[1].tolist()
+    assert base.tolist() == ref.tolist()

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..core import _pytrees as pytrees
@@ -394,6 +395,25 @@ class ArgState:
         _merge(kwargs, new_kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Strided:
+    """The view `as_strided(shape, stride, offset)` of a flat root array (a CPU tensor's memory)."""
+
+    shape: tuple
+    stride: tuple
+    offset: int
+
+    def __call__(self, flat):
+        idx = np.full(self.shape, self.offset, np.int64)
+        for d, (n, st) in enumerate(zip(self.shape, self.stride)):
+            idx = idx + (np.arange(n) * st).reshape((-1,) + (1,) * (len(self.shape) - d - 1))
+        return flat[jnp.asarray(idx, jnp.int32)]
+
+    @property
+    def key(self) -> tuple:
+        return ("as_strided", self.shape, self.stride, self.offset)
+
+
 def _aliased_views(tensors: list) -> dict[int, tuple[int, Any]]:
     """Argument tensors sharing a root with another one (overlapping views, a tensor and a
     view of it): each becomes a view of the root, which is the program input (appended to
@@ -405,17 +425,31 @@ def _aliased_views(tensors: list) -> dict[int, tuple[int, Any]]:
         if isinstance(t, JaxTensor):
             groups.setdefault(id(root(t)), []).append(j)
     views: dict[int, tuple[int, Any]] = {}
+    cpu: dict[tuple, list[int]] = {}  # CPU tensors sharing memory: a flat tensor over it is their root
+    for j, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor) and t.device.type == "cpu" and t.numel():
+            cpu.setdefault((t.untyped_storage().data_ptr(), t.dtype), []).append(j)
+    for js in cpu.values():
+        if len(js) < 2 or any(wants_grad(tensors[j]) for j in js):
+            continue
+        first = tensors[js[0]]
+        flat = first.as_strided((first.untyped_storage().nbytes() // first.element_size(),), (1,), 0)
+        rj = len(tensors)
+        tensors.append(flat)
+        for j in js:
+            t = tensors[j]
+            views[j] = (rj, _Strided(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
     for js in groups.values():
         if len(js) < 2 or any(wants_grad(tensors[j]) for j in js):
             continue
         r = root(tensors[js[0]])
-        rj = next((j for j in js if tensors[j] is r), None)
-        if rj is None:
-            rj = len(tensors)
+        at = next((j for j in js if tensors[j] is r), None)
+        if at is None:
+            at = len(tensors)
             tensors.append(r)
         for j in js:
-            if j != rj:
-                views[j] = (rj, view_fn(tensors[j]))
+            if j != at:
+                views[j] = (at, view_fn(tensors[j]))
     return views
 
 
