@@ -287,4 +287,4 @@ def test_dropout_in_compiled_model_pytorch_first(pytorch_first):
     dropped = (out.cpu() == 0).float().mean().item()
     assert 0.2 < dropped < 0.8
     model.eval()
-    np.testing.assert_allclose(fast(x).cpu().numpy(), model(x).detach().cpu().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fast(x).detach().cpu().numpy(), model(x).detach().cpu().numpy(), rtol=1e-6, atol=1e-6)

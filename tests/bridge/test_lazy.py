@@ -347,7 +347,7 @@ def test_lazy_mode_under_jaxtorch_jit_traces_normally():
         x2 = x * 1  # a pending input
         got = fast(x2)
         more = got + 0
-    np.testing.assert_allclose(more.cpu().numpy(), want.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(more.detach().cpu().numpy(), want.numpy(), rtol=1e-6)
 
 
 def test_xla_helpers_turn_lazy_mode_on_and_mark_steps():

@@ -22,7 +22,7 @@ def test_compile_module_no_retrace_and_buffers_written_back():
     for _ in range(4):
         x = torch.randn(6, 4)
         out = fast(x)
-        np.testing.assert_allclose(out.cpu().numpy(), ref(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out.detach().cpu().numpy(), ref(x).detach().numpy(), rtol=1e-5, atol=1e-6)
     assert fast.compilations == 1
     np.testing.assert_allclose(model[1].running_mean.numpy(), ref[1].running_mean.numpy(), rtol=1e-5, atol=1e-7)
     assert int(model[1].num_batches_tracked) == 4

@@ -20,9 +20,27 @@ State semantics (what a compiled call reads and writes):
   `opt.step()` happen inside the program.
 - Programs are cached by the arguments' structure, static values (non-tensor leaves) and
   tensor shapes/dtypes: one compilation per distinct signature, never per value.
+- Tensors and modules a compiled function reaches through its closure cells, the global
+  names its code mentions, or its bound `self`'s attributes are program inputs too, read
+  at every call (like `torch.compile`'s guards: a new value reuses the program, a new
+  shape, dtype or module object compiles again); writes to them are written back as for
+  arguments. Where the function reaches them is found once per function (`_FreeNames`);
+  what is there is looked up again at every call.
+- Aliasing is eager torch's: arguments sharing data (overlapping views, a tensor and a
+  view of it) enter as one root with views of it, so a write through one is seen through
+  the others; a result that is an argument is that argument, and a view of one is the
+  same view of the caller's tensor.
+- Autograd: when grad mode is on and a parameter (of the compiled module, of a closed-over
+  module, of a module argument without optimizers) or a tensor argument requires grad, the
+  floating results that depend on them come out of one `torch.autograd.Function`: its
+  forward is the jitted program with `jax.vjp` inside (the residuals are outputs) and its
+  backward the jitted VJP, so `compiled(x).loss.backward(); opt.step()` trains as eager.
+  With nothing requiring grad the program is the plain one (no residuals). Tensors keep
+  `requires_grad` inside the program (`torch.autograd.grad` there works); the backward is
+  once differentiable (`create_graph=True` through it raises).
 - A write jaxtorch cannot carry out raises `StateWriteError` naming the tensor: an in-place
-  write to a tensor the function reaches only from outside its arguments (a closure or a
-  global), or a traced value stored on a module attribute that is not a parameter or
+  write to a tensor reached only through an object the function closes over (a cache, a
+  list), or a traced value stored on a module attribute that is not a parameter or
   buffer. No tracer ever stays in a tensor that outlives the trace.
 - Modules are left exactly as found (every submodule once, shared ones included): their
   tensors are bound in for the trace and put back (one `state/_binding.Binding`), and
@@ -56,22 +74,27 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, cast
 
 import jax
+import jax.numpy as jnp
 import torch
 
+from ..core import _pytrees as pytrees
 from ..core import _random
 from ..core._errors import StateWriteError
 from ..state._binding import Binding, named_state
-from ..state._holders import ArgState, Holders
+from ..state._holders import ArgState, Holders, wants_grad
 from ..tensor import _tensor
+from ..tensor._autograd import _to_array
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, root, root_data, was_written, write
+from ..tensor._tensor import JaxTensor, make_view, root, root_data, view_fn, view_key, was_written, write
 from ._jax_first import _module_lock, _run_torch
 
 
@@ -91,6 +114,7 @@ class Compiled:
         else:
             self._module, self._call = None, target
         self._state_objects = tuple(state)
+        self._free = _FreeNames.of(self._call)  # where the function reaches outside values
         self._programs: dict[Any, Callable] = {}
         self._aux: dict[Any, Any] = {}
         self._random: dict[Any, bool] = {}  # signature -> whether its program draws random numbers
@@ -111,49 +135,69 @@ class Compiled:
         with self._draws(key, rng), _refusing_untracked_writes(self._target):
             return _run_torch(fn, args, kwargs, None)
 
-    def _program(self, key, argstate: ArgState):
+    def _callee(self, args: tuple, free: _Free) -> tuple[Callable, tuple]:
+        """What runs while tracing, and its arguments: with free tensors, the function reading
+        the program's inputs (the last argument `ArgState` carried) in place of the originals."""
+        fn = self._call if self._call is not None else self._module
+        if not free.tensors:
+            return cast(Callable, fn), args
+        *args_, values = args
+        return _reading(cast(Callable, fn), dict(zip(free.tensors, values))), tuple(args_)
+
+    def _program(
+        self, key, argstate: ArgState, mods: list[torch.nn.Module], free: _Free, leaves: frozenset, grads: tuple
+    ):
+        """The forward program: `mods`' state and the arguments in, results and writes out.
+
+        `leaves` are the state names whose tensors require grad (so they do inside the
+        program); with `grads` (the state names and argument slots to differentiate) the
+        program also returns its VJP."""
         prog = self._programs.get(key)
         if prog is not None:
             return prog
-        module, call = self._module, self._call
 
         def traced(state: dict, dyn: list, rng):
             self.compilations += 1  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
-            if module is None:
-                out = self._run(call, key, args, kwargs, rng)
-                changed = {}
-            else:
-                tstate = {k: JaxTensor(v) for k, v in state.items()}
-                with Binding([module]) as binding:
-                    binding.bind(module, tstate)
-                    out = self._run(call if call is not None else module, key, args, kwargs, rng)
-                    for name, value in binding.rebound():  # `self.buf = new` inside the forward: a write too
-                        _rebound(tstate[name], value, name)
-                    leaked = binding.leaks()
-                if leaked:
-                    raise StateWriteError(_leak_message(leaked))
-                changed = {k: t.elem for k, t in tstate.items() if was_written(t)}
+            call, call_args = self._callee(args, free)
+            tstate = {k: JaxTensor(v, requires_grad=k in leaves) for k, v in state.items()}
+            with contextlib.ExitStack() as stack:
+                bindings = []
+                for i, m in enumerate(mods):
+                    binding = stack.enter_context(Binding([m]))
+                    binding.bind(m, {name: t for (j, name), t in tstate.items() if j == i})
+                    bindings.append((i, binding))
+                out = self._run(_noting(call, self._aux, key, inputs), key, call_args, kwargs, rng)
+                for i, binding in bindings:  # `self.buf = new` inside the forward: a write too
+                    for name, value in binding.rebound():
+                        _rebound(tstate[(i, name)], value, name)
+                leaked = [n for _, binding in bindings for n in binding.leaks()]
+            if leaked:
+                raise StateWriteError(_leak_message(leaked))
+            changed = {k: t.elem for k, t in tstate.items() if was_written(t)}
             written, new, aux = argstate.outcome(args, kwargs, inputs)
             self._aux[key] = aux
             return out, changed, written, new
 
-        prog = jax.jit(traced)
+        prog = jax.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
         self._programs[key] = prog
         return prog
 
-    def _step_program(self, key, argstate: ArgState, holders: Holders, opt_statics, random_key):
-        """A program for a function that updates modules/optimizers (a train step)."""
+    def _step_program(
+        self, key, argstate: ArgState, holders: Holders, opt_statics, random_key, free: _Free, grads: tuple = ()
+    ):
+        """A program for a function that updates modules/optimizers (a train step); with
+        `grads` (positions in `holders.tensors`, argument slots) it also returns its VJP."""
         prog = self._programs.get(key)
         if prog is not None:
             return prog
-        target = self._call
 
         def traced(state, dyn: list, rng):
             self.compilations += 1  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
+            call, call_args = self._callee(args, free)
             with holders.bound(state, opt_statics) as binding:
-                out = self._run(target, random_key, args, kwargs, rng)
+                out = self._run(_noting(call, self._aux, key, inputs), random_key, call_args, kwargs, rng)
                 new_state, _ = holders.read()
                 self._aux[("holders", key)] = holders.state_statics()
                 leaked = binding.leaks()
@@ -166,36 +210,65 @@ class Compiled:
             self._aux[key] = aux
             return out, new_state, written, new
 
-        prog = jax.jit(traced)
+        prog = jax.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
         self._programs[key] = prog
         return prog
 
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
-        argstate = ArgState.of(args, kwargs)
-        holders_objs = self._state_objects + argstate.holders()
-        dyn = argstate.arrays()
-        key = (argstate.key(dyn), self._module.training if self._module is not None else None)
-        if rng is None:  # the eager generator, only for programs that draw (or not traced yet)
-            rng = _random._eager_key() if self._random.get(key, True) else _no_key()
+        free = self._free.read()
+        # tensors the function reaches through closures and globals: program inputs, like arguments
+        argstate = ArgState.of((*args, list(free.tensors.values())) if free.tensors else args, kwargs)
+        holders_objs = self._state_objects + argstate.holders() + free.optimizers
         if holders_objs:
-            return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, rng)
-        state_tensors = named_state(self._module) if self._module is not None else {}
+            holders_objs += tuple(m for m in free.modules if not any(m is o for o in holders_objs))
+        dyn = argstate.arrays()
+        grad_mode = torch.is_grad_enabled()
+        key = (
+            argstate.key(dyn),
+            self._module.training if self._module is not None else None,
+            grad_mode,
+            tuple(free.tensors),
+        )
+        if holders_objs:
+            return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, self._key(key, rng), free)
+        mods = ([self._module] if self._module is not None else []) + list(free.modules)
+        state_tensors = _module_state(mods)
         state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
-        lock = _module_lock(self._module) if self._module is not None else contextlib.nullcontext()
-        with self._lock, lock:
-            prog = self._program(key, argstate)
-            out, changed, written, new = prog(state, dyn, rng)
-            for name, value in changed.items():
-                t = state_tensors[name]
-                if isinstance(t, JaxTensor):
-                    write(t, value)
-                else:
-                    with torch.no_grad():
-                        t.copy_(array_to_torch(value, copy=False))
-            argstate.write_back(args, kwargs, self._aux[key], written, new)
-        return _wrap(out)
+        leaves = frozenset(k for k, t in state_tensors.items() if t.requires_grad)
+        names = tuple(k for k, t in state_tensors.items() if grad_mode and wants_grad(t))
+        slots = argstate.requiring_grad() if grad_mode else ()
+        fkey = (key, tuple((id(m), m.training) for m in mods), leaves, names)
+        rng = self._key(fkey, rng)
+        locks = [_module_lock(m) for m in mods]
+        with self._lock, contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            prog = self._program(fkey, argstate, mods, free, leaves, (names, slots) if names or slots else ())
+            ext = (*args, list(free.tensors.values())) if free.tensors else args
 
-    def _call_step(self, key, argstate, dyn, args, kwargs, objects, rng):
+            def run(outs):
+                out, changed, written, new = outs
+                for name, value in changed.items():
+                    _write_state(state_tensors[name], value)
+                argstate.write_back(ext, kwargs, self._aux[fkey], written, new)
+                return out
+
+            if not (names or slots):
+                result = _wrap(run(prog(state, dyn, rng)))
+            else:
+                diff = [state_tensors[k] for k in names] + [argstate.tensors[j] for j in slots]
+                result = _differentiable_call(
+                    lambda: prog(state, dyn, rng), run, diff, lambda: self._aux[("vjp", fkey)]
+                )
+            return _aliasing(result, self._aux[("aliases", fkey)], argstate.tensors)
+
+    def _key(self, key, rng: jax.Array | None) -> jax.Array:
+        """`rng`, else the eager generator's next key for programs that draw (or not traced yet)."""
+        if rng is not None:
+            return rng
+        return _random._eager_key() if self._random.get(key, True) else _no_key()
+
+    def _call_step(self, key, argstate, dyn, args, kwargs, objects, rng, free: _Free):
         if self._module is not None:
             raise TypeError(
                 "jaxtorch.compile: pass modules/optimizers to a compiled *function*, not to a compiled module's forward"
@@ -208,15 +281,335 @@ class Compiled:
             try:
                 state, signature = holders.read()
                 opt_statics = holders.state_statics()
-                pkey = (key, tuple(id(o) for o in objects), signature)
-                prog = self._step_program(pkey, argstate, holders, opt_statics, random_key=key)
-                out, new_state, written, new = prog(state, dyn, rng)
-                holders.install(new_state, self._aux[("holders", pkey)])
-                argstate.write_back(args, kwargs, self._aux[pkey], written, new)
+                # a forward of modules (no optimizer) under grad mode: differentiable like compile(module)
+                params = _differentiable_params(holders) if torch.is_grad_enabled() and not holders.optimizers else []
+                slots = argstate.requiring_grad() if torch.is_grad_enabled() else ()
+                positions = tuple(i for i, _ in params)
+                pkey = (key, tuple(id(o) for o in objects), signature, positions)
+                grads = (positions, slots) if positions or slots else ()
+                prog = self._step_program(pkey, argstate, holders, opt_statics, key, free, grads)
+                ext = (*args, list(free.tensors.values())) if free.tensors else args
+
+                def finish(outs):
+                    out, new_state, written, new = outs
+                    holders.install(new_state, self._aux[("holders", pkey)])
+                    argstate.write_back(ext, kwargs, self._aux[pkey], written, new)
+                    return out
+
+                if not grads:
+                    result = _wrap(finish(prog(state, dyn, rng)))
+                else:
+                    diff = [p for _, p in params] + [argstate.tensors[j] for j in slots]
+                    result = _differentiable_call(
+                        lambda: prog(state, dyn, rng), finish, diff, lambda: self._aux[("vjp", pkey)]
+                    )
             finally:
                 for lock in reversed(locks):
                     lock.release()
-        return _wrap(out)
+        return _aliasing(result, self._aux[("aliases", pkey)], argstate.tensors)
+
+
+# ---- autograd through a compiled call ------------------------------------------------------
+def _module_state(mods: list[torch.nn.Module]) -> dict[tuple[int, str], torch.Tensor]:
+    """Parameters and buffers of `mods` keyed `(module index, name)`, each tensor once."""
+    seen: set[int] = set()
+    out: dict[tuple[int, str], torch.Tensor] = {}
+    for i, m in enumerate(mods):
+        for name, t in named_state(m).items():
+            if id(t) not in seen:
+                seen.add(id(t))
+                out[(i, name)] = t
+    return out
+
+
+def _write_state(t: torch.Tensor, value) -> None:
+    """Write a program's new value of a module tensor into it (a buffer the forward wrote)."""
+    if isinstance(t, JaxTensor):
+        write(t, value)
+    else:
+        with torch.no_grad():
+            t.copy_(array_to_torch(value, copy=False))
+
+
+def _inexact(x) -> bool:
+    return isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _differentiable_params(holders: Holders) -> list[tuple[int, JaxTensor]]:
+    """`(position in holders.tensors, parameter)` for each parameter requiring grad: a
+    gradient with respect to its root's data is its gradient (it is the root, or a view of all of it)."""
+    at = {id(r): i for i, r in enumerate(holders.tensors)}
+    out = []
+    for p in holders.params:
+        if not wants_grad(p):
+            continue
+        fn = view_fn(p)
+        r = root(p)
+        if fn is not None and (view_key(fn) != ("identity",) or r.shape != p.shape or r.dtype != p.dtype):
+            raise NotImplementedError(
+                "jaxtorch.jit: a parameter that is a partial view of another tensor cannot be differentiated "
+                "through a compiled forward; call the function eagerly, or run `backward()` inside it."
+            )
+        out.append((at[id(r)], p))
+    return out
+
+
+def _pick(state: Any, names: tuple) -> list:
+    """The arrays of `state` (a dict by name, or a train step's `State` by position) at `names`."""
+    return [state[k] for k in names] if isinstance(state, dict) else [state.tensors[k] for k in names]
+
+
+def _put(state: Any, names: tuple, values: list) -> Any:
+    """`state` with `values` at `names` (see `_pick`)."""
+    if isinstance(state, dict):
+        return {**state, **dict(zip(names, values))}
+    tensors = list(state.tensors)
+    for k, v in zip(names, values):
+        tensors[k] = v
+    return dataclasses.replace(state, tensors=tensors)
+
+
+def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> Callable:
+    """`traced` as a forward that also returns its VJP (`jax.vjp` inside the program: the
+    residuals come out as arrays) with respect to the state `names` and argument `slots`.
+
+    Returns `(outs, vjp, others, rest)`: the floating results (what torch differentiates),
+    the VJP (a pytree of residuals), the other results and `traced`'s remaining outputs; the
+    structure of the results goes into `aux[("vjp", key)]`.
+    """
+
+    def forward(state: dict, dyn: list, rng):
+        def f(diff):
+            full_state = _put(state, names, diff[0])
+            full_dyn = list(dyn)
+            for j, a in zip(slots, diff[1]):
+                full_dyn[j] = a
+            out, *rest = traced(full_state, full_dyn, rng)
+            leaves, tree = jax.tree_util.tree_flatten(out)
+            flags = aux.get(("grad_flags", key))
+            if flags is None or len(flags) != len(leaves):  # (a structure the note cannot follow)
+                flags = [True] * len(leaves)
+            # the results autograd would track: floating, and depending on a tensor requiring grad
+            at = tuple(i for i, x in enumerate(leaves) if _inexact(x) and flags[i])
+            aux[("vjp", key)] = (tree, at, len(leaves))
+            others = [x for i, x in enumerate(leaves) if i not in at]
+            return [leaves[i] for i in at], (others, rest)
+
+        primal = (_pick(state, names), [dyn[j] for j in slots])
+        outs, vjp, (others, rest) = jax.vjp(f, primal, has_aux=True)
+        return outs, vjp, others, rest
+
+    return forward
+
+
+def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
+    """`call`, noting which tensors of its result require grad (`aux[("grad_flags", key)]`) and
+    which are arguments or views of one (`aux[("aliases", key)]`: position, argument, view fn)."""
+
+    def noted(*args, **kwargs):
+        out = call(*args, **kwargs)
+        leaves = pytrees.flatten(out)[0]
+        aux[("grad_flags", key)] = [isinstance(x, torch.Tensor) and x.requires_grad for x in leaves]
+        by_id = {id(t): j for j, t in enumerate(inputs)}
+        aliases = []
+        for i, x in enumerate(leaves):
+            if not isinstance(x, JaxTensor):
+                continue
+            j = by_id.get(id(x))
+            if j is not None:
+                aliases.append((i, j, None))
+            elif (j := by_id.get(id(root(x)))) is not None:
+                aliases.append((i, j, view_fn(x)))
+        aux[("aliases", key)] = aliases
+        return out
+
+    return noted
+
+
+def _aliasing(out: Any, aliases: list, originals: list) -> Any:
+    """`out` with each result that was an argument (or a view of one) inside the program made
+    that argument (or the same view of it), as eager torch returns them. A view of a CPU
+    argument stays a jax tensor holding the values (torch memory cannot alias a JAX array)."""
+    if not aliases:
+        return out
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    for i, j, fn in aliases:
+        if i >= len(leaves) or not isinstance(leaves[i], JaxTensor):  # (a structure the note cannot follow)
+            continue
+        t = originals[j]
+        if fn is None:
+            if not leaves[i].requires_grad or t.requires_grad:  # (else: the differentiable result)
+                leaves[i] = t
+        elif isinstance(t, JaxTensor) and not leaves[i].requires_grad:
+            leaves[i] = make_view(t, leaves[i].elem, fn)
+    return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+@jax.jit
+def _apply_vjp(vjp, cotangents):
+    """The backward program: one compiled VJP (a cache entry per forward program)."""
+    (grads,) = vjp(cotangents)
+    return grads
+
+
+class _CompiledCall(torch.autograd.Function):
+    """forward: the compiled forward, keeping the residuals; backward: the compiled VJP."""
+
+    @staticmethod
+    def forward(ctx, run: Callable, *tensors):
+        outs, vjp = run()
+        ctx.vjp = vjp
+        ctx.meta = [(o.shape, o.dtype) for o in outs]
+        ctx.cpu = [not isinstance(t, JaxTensor) for t in tensors]
+        return tuple(JaxTensor(o) for o in outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled():  # create_graph=True: a silent constant would be wrong
+            raise RuntimeError(
+                "jaxtorch.compile: a compiled call's backward is once differentiable (its VJP program gives "
+                "constants), so `create_graph=True` through it cannot give higher derivatives. Compute the "
+                "higher derivative inside the compiled function (`torch.autograd.grad(..., create_graph=True)` "
+                "there), or run this part eagerly."
+            )
+        cots = [
+            jnp.zeros(shape, dtype) if g is None else _to_array(g).astype(dtype)
+            for g, (shape, dtype) in zip(grads, ctx.meta)
+        ]
+        state_grads, arg_grads = _apply_vjp(ctx.vjp, cots)
+        return (
+            None,
+            *[array_to_torch(g) if cpu else JaxTensor(g) for g, cpu in zip([*state_grads, *arg_grads], ctx.cpu)],
+        )
+
+
+def _differentiable_call(program: Callable, finish: Callable, diff: list, structure_of: Callable) -> Any:
+    """Run a VJP program as one `torch.autograd.Function` whose inputs are `diff` (the tensors
+    requiring grad): its floating results carry a `grad_fn` whose backward runs the compiled VJP."""
+    held: dict[str, Any] = {}
+
+    def run():
+        with torch.enable_grad():  # (a Function's forward runs without): the trace sees the caller's mode
+            outs, vjp, others, rest = program()
+        held["others"] = others
+        finish((None, *rest))  # writes back what the call wrote (buffers, arguments)
+        return outs, vjp
+
+    outs = _CompiledCall.apply(run, *diff)
+    tree, at, n = structure_of()
+    others = iter(held["others"])
+    by_pos = dict(zip(at, outs))
+    leaves = [by_pos[i] if i in by_pos else _wrap(next(others)) for i in range(n)]
+    return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+# ---- tensors and modules reached through closures and globals --------------------------------
+@dataclasses.dataclass
+class _Free:
+    """What a function reaches outside its arguments at this call: tensors by where they
+    are (`("cell", i)` or `("global", name)`), modules and optimizers."""
+
+    tensors: dict[tuple[str, Any], torch.Tensor]
+    modules: tuple[torch.nn.Module, ...]
+    optimizers: tuple[torch.optim.Optimizer, ...]
+
+
+_NOTHING_FREE = _Free({}, (), ())
+
+
+@dataclasses.dataclass(frozen=True)
+class _FreeNames:
+    """Where a function can reach values from outside: its closure cells and the global names
+    its code (nested code included: comprehensions, lambdas) mentions, found once per function;
+    `read()` looks them up again at every call, so a new tensor or module there is seen."""
+
+    function: Any  # the plain function (a bound method's `__func__`), or None
+    cells: tuple[int, ...]
+    names: tuple[str, ...]
+    owner: Any = None  # a bound method's `__self__` when it is not a module (its attributes are read)
+
+    @classmethod
+    def of(cls, fn: Callable | None) -> _FreeNames:
+        owner = getattr(fn, "__self__", None)
+        func = getattr(fn, "__func__", fn)
+        code = getattr(func, "__code__", None)
+        if code is None or not isinstance(func, types.FunctionType):
+            return cls(None, (), ())
+        names: list[str] = []
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            names += [n for n in c.co_names if n not in names]
+            stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        owner = owner if owner is not None and not isinstance(owner, torch.nn.Module) else None
+        return cls(func, tuple(range(len(func.__closure__ or ()))), tuple(names), owner)
+
+    def read(self) -> _Free:
+        """The tensors, modules and optimizers the function reaches now."""
+        func = self.function
+        if func is None:
+            return _NOTHING_FREE
+        found: list[tuple[tuple[str, Any], Any]] = []
+        closure = func.__closure__ or ()
+        for i in self.cells:
+            try:
+                found.append((("cell", i), closure[i].cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        g = func.__globals__
+        found += [(("global", n), g[n]) for n in self.names if n in g]
+        if self.owner is not None:
+            found += [(("attr", n), v) for n, v in vars(self.owner).items()]
+        tensors = {k: v for k, v in found if isinstance(v, torch.Tensor)}
+        if not tensors and not any(isinstance(v, (torch.nn.Module, torch.optim.Optimizer)) for _, v in found):
+            return _NOTHING_FREE
+        modules: dict[int, torch.nn.Module] = {}
+        for _, v in found:
+            if isinstance(v, torch.nn.Module):
+                modules.setdefault(id(v), v)
+        optimizers = tuple({id(v): v for _, v in found if isinstance(v, torch.optim.Optimizer)}.values())
+        return _Free(tensors, tuple(modules.values()), optimizers)
+
+
+def _reading(fn: Callable, values: dict[tuple[str, Any], Any]) -> Callable:
+    """A copy of `fn` that sees `values` in the closure cells and globals they came from
+    (while tracing: the program's inputs in place of the caller's tensors)."""
+    owner = getattr(fn, "__self__", None)
+    func = cast(types.FunctionType, getattr(fn, "__func__", fn))
+    cells = list(func.__closure__ or ())
+    g = func.__globals__
+    new_globals = {n: v for (kind, n), v in values.items() if kind == "global"}
+    for (kind, i), v in values.items():
+        if kind == "cell":
+            cells[i] = types.CellType(v)
+    copy = types.FunctionType(
+        func.__code__,
+        {**g, **new_globals} if new_globals else g,
+        func.__name__,
+        func.__defaults__,
+        tuple(cells) or None,
+    )
+    copy.__kwdefaults__ = func.__kwdefaults__
+    attrs = {n: v for (kind, n), v in values.items() if kind == "attr"}
+    if owner is None:
+        return copy
+    if attrs:
+        owner = _Shadow(owner, attrs)
+    return types.MethodType(copy, owner)
+
+
+class _Shadow:
+    """`obj` with some attributes read from `values` instead (a bound method's `self`)."""
+
+    def __init__(self, obj: Any, values: dict[str, Any]):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        return getattr(object.__getattribute__(self, "_obj"), name)
 
 
 def _rebound(slot: JaxTensor, new, name: str) -> None:

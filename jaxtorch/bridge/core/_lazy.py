@@ -69,6 +69,9 @@ from ._random import next_key
 ACTIVE = [False]
 DEFAULT_MAX_OPS = int(os.environ.get("JAXTORCH_LAZY_MAX_OPS", "100000"))
 _lock = threading.RLock()
+# Held while an op changes tensors (an in-place op, every op in lazy mode) and while a sync
+# gives tensors their values: tensors shared by threads see each change whole.
+STATE_LOCK = _lock
 
 
 class LazyGraphWarning(UserWarning):
@@ -702,7 +705,7 @@ def sync(reason: str | None = None) -> None:
             _M.ops_recorded.append(_pending_ops[0])
             del _M.ops_recorded[:-_HISTORY]
             _pending_ops[0] = 0
-    _settle[0](_live(refs), reason)
+        _settle[0](_live(refs), reason)
 
 
 def _settle_nothing(tracked: list, reason: str | None) -> None:
@@ -763,6 +766,10 @@ def set_enabled(on: bool, max_graph_ops: int | None = None) -> None:
     ACTIVE[0] = bool(on)
 
 
+_depth = [0]  # open `lazy()` blocks, all threads together
+_outer: list[tuple[bool, int]] = [(False, DEFAULT_MAX_OPS)]  # the state the first one found
+
+
 @contextlib.contextmanager
 def lazy(max_graph_ops: int | None = None):
     """Record ops on the `jax` device inside the block; pending work runs at its end.
@@ -779,13 +786,19 @@ def lazy(max_graph_ops: int | None = None):
                 jaxtorch.xla.mark_step()
         ```
     """
-    prev_on, prev_max = ACTIVE[0], _max_ops[0]
-    set_enabled(True, max_graph_ops)
+    with _lock:  # (threads entering and leaving in any order: on while any block is open)
+        if _depth[0] == 0:
+            _outer[0] = (ACTIVE[0], _max_ops[0])
+        _depth[0] += 1
+        set_enabled(True, max_graph_ops)
     try:
         yield
     finally:
-        set_enabled(prev_on)
-        _max_ops[0] = prev_max
+        with _lock:
+            _depth[0] -= 1
+            if _depth[0] == 0:
+                set_enabled(_outer[0][0])
+                _max_ops[0] = _outer[0][1]
 
 
 def clear_cache() -> None:

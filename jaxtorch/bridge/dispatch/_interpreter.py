@@ -416,8 +416,24 @@ _RUNNERS: dict[Any, Callable] = {}
 def _runner(func) -> Callable:
     r = _RUNNERS.get(func)
     if r is None:
-        r = _RUNNERS[func] = _build_runner(func)
+        r = _build_runner(func)
+        schema = getattr(func, "_schema", None)
+        if schema is not None and (schema.is_mutable or any(a.alias_info is not None for a in schema.returns)):
+            r = _serialized(r)  # writes, and views (a view's value and version are read together)
+        _RUNNERS[func] = r
     return r
+
+
+def _serialized(run: Callable) -> Callable:
+    """`run` holding the state lock: an in-place op's read-compute-write is atomic, so the same
+    tensor written from several threads loses no update (as eager torch's in-place kernels),
+    and a new view's data and root version agree."""
+
+    def locked(ex: Executor, args, kwargs):
+        with lazy.STATE_LOCK:
+            return run(ex, args, kwargs)
+
+    return locked
 
 
 def _forget_runners() -> None:
@@ -463,7 +479,8 @@ def dispatch(func, args, kwargs):
         with tracing.adopted():
             return r(_executor(), args, kwargs)
     if _LAZY_ON[0] and _trace_clean():
-        return r(LAZY, args, kwargs)
+        with lazy.STATE_LOCK:  # the pending graph and tensors' views are shared by all threads
+            return r(LAZY, args, kwargs)
     return r(EAGER, args, kwargs)
 
 

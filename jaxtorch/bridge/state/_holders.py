@@ -34,11 +34,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..core import _pytrees as pytrees
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, root, was_written, write
+from ..tensor._tensor import JaxTensor, make_view, root, view_fn, view_key, was_written, write
 from ._binding import Binding
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
@@ -277,7 +278,8 @@ class ArgState:
 
     treedef: Any
     statics: tuple  # per leaf: a `Slot` for a tensor, else the (static) value itself
-    tensors: list  # the unique tensors, originals
+    tensors: list  # the unique tensors, originals (then the roots of aliased views, if not among them)
+    views: dict[int, tuple[int, Any]] = dataclasses.field(default_factory=dict)  # j -> (root's j, view fn)
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> ArgState:
@@ -299,7 +301,7 @@ class ArgState:
                 statics.append(Slot(j))
             else:
                 statics.append(x)
-        return cls(treedef, tuple(statics), tensors)
+        return cls(treedef, tuple(statics), tensors, _aliased_views(tensors))
 
     def holders(self) -> tuple:
         """The modules and optimizers among the arguments."""
@@ -310,24 +312,36 @@ class ArgState:
         return [_array(t, "an argument") if isinstance(t, torch.Tensor) else t for t in self.tensors]
 
     def key(self, arrays) -> tuple:
-        """What decides a program: structure, static values, and the arrays' shapes and dtypes."""
+        """What decides a program: structure, static values, the arrays' shapes and dtypes, and
+        which tensors require grad (they keep `requires_grad` inside the program)."""
         return (
             self.treedef,
             tuple(freeze(s) for s in self.statics),
             tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+            self.requiring_grad(),
+            tuple((j, r, view_key(fn) or id(fn)) for j, (r, fn) in self.views.items()),
         )
+
+    def requiring_grad(self) -> tuple[int, ...]:
+        """Positions of the tensors that require grad (floating or complex ones)."""
+        return tuple(j for j, t in enumerate(self.tensors) if wants_grad(t))
 
     def rebuild(self, arrays) -> tuple[tuple, dict, list]:
         """Fresh arguments holding `JaxTensor(array)`s (aliases share one); the containers are
-        copies, so nothing the traced function does reaches the caller's objects."""
-        inputs = [JaxTensor(a) for a in arrays]
+        copies, so nothing the traced function does reaches the caller's objects. A tensor
+        that requires grad gives a leaf that requires grad (autograd inside the function works
+        as in eager torch)."""
+        grads = set(self.requiring_grad()) if torch.is_grad_enabled() else set()
+        inputs = [JaxTensor(a, requires_grad=j in grads) for j, a in enumerate(arrays)]
+        for j, (r, fn) in self.views.items():  # arguments aliasing one root: views of one input
+            inputs[j] = make_view(inputs[r], fn(inputs[r].elem), fn)
         leaves = [inputs[s] if isinstance(s, Slot) else s for s in self.statics]
         args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return args, kwargs, inputs
 
     def outcome(self, args, kwargs, inputs) -> tuple[list, list, Any]:
         """After the traced call: (written values, new leaves' values, aux for `write_back`)."""
-        written = [j for j, t in enumerate(inputs) if was_written(t)]
+        written = [j for j, t in enumerate(inputs) if j not in self.views and was_written(t)]
         for j in written:
             if not isinstance(self.tensors[j], torch.Tensor):
                 raise TypeError(
@@ -379,6 +393,69 @@ class ArgState:
         new_args, new_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         _merge(args, new_args)
         _merge(kwargs, new_kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Strided:
+    """The view `as_strided(shape, stride, offset)` of a flat root array (a CPU tensor's memory)."""
+
+    shape: tuple
+    stride: tuple
+    offset: int
+
+    def __call__(self, flat):
+        idx = np.full(self.shape, self.offset, np.int64)
+        for d, (n, st) in enumerate(zip(self.shape, self.stride)):
+            idx = idx + (np.arange(n) * st).reshape((-1,) + (1,) * (len(self.shape) - d - 1))
+        return flat[jnp.asarray(idx, jnp.int32)]
+
+    @property
+    def key(self) -> tuple:
+        return ("as_strided", self.shape, self.stride, self.offset)
+
+
+def _aliased_views(tensors: list) -> dict[int, tuple[int, Any]]:
+    """Argument tensors sharing a root with another one (overlapping views, a tensor and a
+    view of it): each becomes a view of the root, which is the program input (appended to
+    `tensors` when not an argument itself), so a write through one is seen through the others
+    as in eager torch. Groups with a tensor requiring grad are left apart (their gradients
+    flow to each input)."""
+    groups: dict[int, list[int]] = {}
+    for j, t in enumerate(tensors):
+        if isinstance(t, JaxTensor):
+            groups.setdefault(id(root(t)), []).append(j)
+    views: dict[int, tuple[int, Any]] = {}
+    cpu: dict[tuple, list[int]] = {}  # CPU tensors sharing memory: a flat tensor over it is their root
+    for j, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor) and t.device.type == "cpu" and t.numel():
+            cpu.setdefault((t.untyped_storage().data_ptr(), t.dtype), []).append(j)
+    for js in cpu.values():
+        if len(js) < 2 or any(wants_grad(tensors[j]) for j in js):
+            continue
+        first = tensors[js[0]]
+        flat = first.as_strided((first.untyped_storage().nbytes() // first.element_size(),), (1,), 0)
+        rj = len(tensors)
+        tensors.append(flat)
+        for j in js:
+            t = tensors[j]
+            views[j] = (rj, _Strided(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+    for js in groups.values():
+        if len(js) < 2 or any(wants_grad(tensors[j]) for j in js):
+            continue
+        r = root(tensors[js[0]])
+        at = next((j for j in js if tensors[j] is r), None)
+        if at is None:
+            at = len(tensors)
+            tensors.append(r)
+        for j in js:
+            if j != at:
+                views[j] = (at, view_fn(tensors[j]))
+    return views
+
+
+def wants_grad(t) -> bool:
+    """A torch tensor that requires grad and can have a gradient (floating or complex)."""
+    return isinstance(t, torch.Tensor) and t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
 def _plain_stateful(x) -> bool:

@@ -41,14 +41,18 @@ class _JaxVjp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run: Callable, n_in: int, *tensors):
-        outs, vjp, was_cpu = run(tensors)
+        outs, vjp, was_cpu, f = run(tensors)
         ctx.vjp = vjp
+        ctx.f = f
         ctx.was_cpu = was_cpu
         ctx.out_meta = [(o.shape, o.dtype) for o in outs]
+        ctx.save_for_backward(*tensors)
         return tuple(JaxTensor(o) for o in outs)
 
     @staticmethod
     def backward(ctx, *grads):
+        if torch.is_grad_enabled():  # create_graph=True: the backward itself is differentiable
+            return (None, None, *_differentiable_backward(ctx, grads))
         cots = []
         for g, (shape, dtype) in zip(grads, ctx.out_meta):
             if g is None:
@@ -69,12 +73,30 @@ class _JaxVjp(torch.autograd.Function):
         return (None, None, *result)
 
 
+def _differentiable_backward(ctx, grads) -> list:
+    """The input gradients as a `call_jax` of `jax.vjp(f)` on the saved inputs and the incoming
+    gradients, recorded by autograd, so a second backward differentiates it (double backward)."""
+    saved = ctx.saved_tensors
+    n = len(saved)
+    f, meta = ctx.f, ctx.out_meta
+
+    def vjp_of(*arrays):
+        primals, cots = arrays[:n], arrays[n:]
+        _, vjp = jax.vjp(f, *primals)
+        return list(vjp([c.astype(dtype) for c, (_, dtype) in zip(cots, meta)]))
+
+    cots = [JaxTensor(jax.numpy.zeros(shape, dtype)) if g is None else g for g, (shape, dtype) in zip(grads, meta)]
+    in_grads = call_jax(vjp_of, *saved, *cots)
+    return [g.cpu() if cpu else g for g, cpu in zip(in_grads, ctx.was_cpu)]
+
+
 def call_jax(fn: Callable, *args, **kwargs) -> Any:
     """Run the JAX function `fn` on torch tensors; return `JaxTensor`s, differentiable by torch.
 
     Tensors anywhere in `args`/`kwargs` (jax-device or CPU) become `jax.Array`s; other
     values pass through. If any floating input requires grad, the call is recorded in the
-    torch autograd graph with `jax.vjp(fn)` as its backward.
+    torch autograd graph with `jax.vjp(fn)` as its backward; with `create_graph=True` that
+    backward is itself recorded (a `call_jax` of the VJP), so double backward works.
 
     **Arguments:**
     - `fn`: a JAX function.
@@ -112,7 +134,7 @@ def call_jax(fn: Callable, *args, **kwargs) -> Any:
         primals = [base[i] for i in diff]
         outs, vjp = jax.vjp(f, *primals)
         was_cpu = [not isinstance(leaves[i], JaxTensor) for i in diff]
-        return outs, vjp, was_cpu
+        return outs, vjp, was_cpu, f
 
     outs = _JaxVjp.apply(run, len(diff), *[leaves[i] for i in diff])
     return jax.tree_util.tree_unflatten(out_tree["def"], list(outs))

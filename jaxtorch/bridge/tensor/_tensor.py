@@ -520,3 +520,12 @@ def own_root(p: JaxTensor, holders: int) -> None:
         and isinstance(base._jt_elem, jax.Array)
     ):
         p._jt_elem, p._jt_base, p._jt_view_fn = base._jt_elem, None, None
+
+
+def view_fn(t: JaxTensor) -> Callable | None:
+    """The function computing `t`'s data from its root's (None when `t` is a root): what a
+    compiled call replays to rebuild a view of an argument, or to return one.
+
+    Example: `make_view(r, view_fn(t)(r.elem), view_fn(t))` is `t` again, on the root `r`.
+    """
+    return t._jt_view_fn if t._jt_base is not None else None
