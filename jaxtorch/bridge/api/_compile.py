@@ -67,6 +67,7 @@ import torch
 
 from ..core import _random
 from ..core._errors import StateWriteError
+from ..dispatch import _autocast
 from ..state._binding import Binding, named_state
 from ..state._holders import ArgState, Holders
 from ..tensor import _tensor
@@ -174,7 +175,8 @@ class Compiled:
         argstate = ArgState.of(args, kwargs)
         holders_objs = self._state_objects + argstate.holders()
         dyn = argstate.arrays()
-        key = (argstate.key(dyn), self._module.training if self._module is not None else None)
+        key: tuple = (argstate.key(dyn), self._module.training if self._module is not None else None)
+        key = (*key, _autocast.state())  # a program traced under torch.autocast("jax") casts
         if rng is None:  # the eager generator, only for programs that draw (or not traced yet)
             rng = _random._eager_key() if self._random.get(key, True) else _no_key()
         if holders_objs:
