@@ -148,7 +148,7 @@ class CheckpointFunction(_OriginalFunction):
     """torch's reentrant `CheckpointFunction`; on the jax device its recomputation is wrapped."""
 
     @classmethod
-    def apply(cls, function, preserve_rng_state, *args):  # type: ignore[override]
+    def apply(cls, function, preserve_rng_state, *args):
         if _on_jax(args, {}):
             function = _Recompute(function, preserve_rng_state, forwards=1)
         return super().apply(function, preserve_rng_state, *args)
@@ -157,7 +157,7 @@ class CheckpointFunction(_OriginalFunction):
 def install() -> None:
     """Put the wrappers where `torch.utils.checkpoint.checkpoint` looks them up (idempotent)."""
     _tc._checkpoint_without_reentrant_generator = _generator
-    _tc.CheckpointFunction = CheckpointFunction
+    _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
 
 
 install()

@@ -110,7 +110,7 @@ def _jax_deserialize(obj, location: str):
         return None
     cpu = obj if obj.device.type == "cpu" else obj.cpu()
     # an empty storage on the jax device (a wrapper's own, with no bytes): torch reads its device
-    holder = torch.Tensor._make_wrapper_subclass(
+    holder: torch.Tensor = torch.Tensor._make_wrapper_subclass(
         _HOLDER_TYPE, (0,), dtype=torch.uint8, device=torch.device("jax", 0), storage_size=0
     )
     handle = torch.Tensor.untyped_storage(holder)
