@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ import jax
 import torch
 import torch.utils.checkpoint as _tc
 
-from ..core import _lazy, _random
+from ..core import _lazy, _random, _tracing
 from ..tensor._tensor import JaxTensor
 
 _original_generator = _tc._checkpoint_without_reentrant_generator
@@ -51,19 +52,22 @@ def _rng_snapshot() -> tuple[str, Any]:
     return ("global", _random.get_state())
 
 
-def _rng_restore(snapshot: tuple[str, Any]) -> None:
+@contextlib.contextmanager
+def _replaying(snapshot: tuple[str, Any]):
+    """Draw the forward's random numbers again: from a new key scope holding the key the
+    forward started from (torch may recompute on its autograd thread, outside the call's own
+    scope), or from the eager generator reset to its state then and restored after."""
     kind, value = snapshot
     if kind == "scope":
-        stack = getattr(_random._local, "stack", None)
-        if not stack:
-            raise RuntimeError(
-                "jaxtorch: a checkpointed region's forward drew random numbers from a call's key "
-                "(jaxtorch.compile / call_torch(rng=...)) but its backward runs outside that call; "
-                "run backward inside the same call, or pass preserve_rng_state=False."
-            )
-        stack[-1][0] = value
-    else:
-        _random.set_state(value)
+        with _random.key_scope(value):
+            yield
+        return
+    now = _random.get_state()
+    _random.set_state(value)
+    try:
+        yield
+    finally:
+        _random.set_state(now)
 
 
 # ---- the barrier that keeps a recomputation apart from the forward (prevent CSE) ---------
@@ -81,13 +85,18 @@ class _Barrier(torch.autograd.Function):
     """Identity on values and gradients; the data passes an `optimization_barrier`."""
 
     @staticmethod
-    def forward(ctx, *tensors):
-        out = _barrier_data([t._raw() for t in tensors])
-        return tuple(JaxTensor(o) for o in out)
+    def forward(ctx, n_anchors, *tensors):
+        if _tracing.pending():  # a backward under a trace, maybe on torch's autograd thread
+            with _tracing.adopted():
+                out = _barrier_data([t._raw() for t in tensors])
+        else:
+            out = _barrier_data([t._raw() for t in tensors])
+        ctx.n_anchors = n_anchors
+        return tuple(JaxTensor(o) for o in out[n_anchors:])
 
     @staticmethod
     def backward(ctx, *grads):
-        return grads
+        return (None, *([None] * ctx.n_anchors), *grads)
 
 
 def _needs_barrier(t: JaxTensor) -> bool:
@@ -95,13 +104,15 @@ def _needs_barrier(t: JaxTensor) -> bool:
     return type(data) is _lazy.LazyArray or isinstance(data, jax.core.Tracer)
 
 
-def barrier(args: tuple) -> tuple:
-    """`args` with its traced or pending jax tensors passed (together) through an
-    `optimization_barrier`, differentiably; concrete tensors and other values unchanged."""
+def barrier(args: tuple, anchors: tuple = ()) -> tuple:
+    """`args` with its traced or pending jax tensors passed (together, with `anchors`) through
+    an `optimization_barrier`, differentiably; concrete tensors and other values unchanged.
+    The anchors (gradients) only order the program: what comes out waits for them."""
     idx = [i for i, a in enumerate(args) if isinstance(a, JaxTensor) and _needs_barrier(a)]
     if not idx:
         return args
-    outs = _Barrier.apply(*(args[i] for i in idx))
+    extra = [a.detach() for a in anchors if isinstance(a, JaxTensor) and _needs_barrier(a)]
+    outs = _Barrier.apply(len(extra), *extra, *(args[i] for i in idx))
     new = list(args)
     for i, o in zip(idx, outs):
         a = args[i]
@@ -115,21 +126,19 @@ class _Recompute:
 
     def __init__(self, fn: Callable, preserve: bool, forwards: int):
         self.fn, self.forwards, self.calls = fn, forwards, 0
+        self.anchors: tuple = ()  # gradients reaching the region's outputs: the recomputation waits for them
         self.rng = _rng_snapshot() if preserve else None
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
         if self.calls <= self.forwards:
             return self.fn(*args, **kwargs)
-        args = barrier(args)
+        args = barrier(args, self.anchors)
+        self.anchors = ()
         if self.rng is None:
             return self.fn(*args, **kwargs)
-        now = _rng_snapshot()
-        _rng_restore(self.rng)
-        try:
+        with _replaying(self.rng):
             return self.fn(*args, **kwargs)
-        finally:
-            _rng_restore(now)
 
 
 def _on_jax(args, kwargs) -> bool:
@@ -152,6 +161,12 @@ class CheckpointFunction(_OriginalFunction):
         if _on_jax(args, {}):
             function = _Recompute(function, preserve_rng_state, forwards=1)
         return super().apply(function, preserve_rng_state, *args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if isinstance(ctx.run_function, _Recompute):
+            ctx.run_function.anchors = grads
+        return _OriginalFunction.backward(ctx, *grads)
 
 
 def install() -> None:
