@@ -41,12 +41,15 @@ _TOKENS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # root tensor -> (nbytes, 
 
 
 def reduce(t: torch.Tensor, protocol: int) -> tuple:
-    """`t.__reduce_ex__(protocol)`: the reduction of its CPU copy (torch's `_rebuild_tensor_v2`).
+    """`t.__reduce_ex__(protocol)`: the reduction of its CPU copy (torch's `_rebuild_tensor_v2`;
+    a parameter, `_rebuild_parameter` around it, as torch saves `nn.Parameter`s).
 
     Example: `pickle.loads(pickle.dumps(jax_t))` is a CPU tensor equal to `jax_t.cpu()`.
     """
     with torch.no_grad():
         cpu = t.detach().to("cpu")
+    if getattr(t, "_is_param", False):  # `nn.Parameter(jax_tensor)` keeps the jax tensor's class
+        return (torch._utils._rebuild_parameter, (cpu, t.requires_grad, collections.OrderedDict()))
     args: tuple = (
         cpu._typed_storage(),
         cpu.storage_offset(),
