@@ -244,3 +244,16 @@ def test_llama_train_step_matches_cpu_autocast(llama_pair, dtype):
         assert jgrads[n].dtype == g.dtype == torch.float32
         scale = g.abs().max().clamp_min(1e-3)  # gradients of bf16/fp16 matmuls: relative to the largest entry
         torch.testing.assert_close(jgrads[n] / scale, g / scale, **tol, msg=n)
+
+
+def test_autocast_is_thread_local():
+    import threading
+
+    a = torch.randn(3, 3, device="jax")
+    seen = []
+    with torch.autocast("jax", dtype=torch.bfloat16):
+        t = threading.Thread(target=lambda: seen.append((a @ a).dtype))
+        t.start()
+        t.join()
+        assert (a @ a).dtype == torch.bfloat16
+    assert seen == [torch.float32]

@@ -232,3 +232,14 @@ def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globa
     assert float(loss.cpu()) == pytest.approx(loss0, rel=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad.cpu(), g0[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_non_reentrant_backward_twice_with_retain_graph(weights, x):
+    net = _net(weights, False)
+    torch.manual_seed(5)
+    loss = net(x)
+    loss.backward(retain_graph=True)
+    once = _grads(net)
+    loss.backward()
+    for n, g in _grads(net).items():
+        torch.testing.assert_close(g, 2 * once[n], msg=n)

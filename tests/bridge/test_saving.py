@@ -206,3 +206,13 @@ def test_save_pretrained_from_pretrained_round_trip(tmp_path, tie):
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
     if tie:
         assert back.lm_head.weight is back.model.embed_tokens.weight
+
+
+def test_map_location_jax_for_a_cpu_file_with_shared_storage_and_other_values():
+    base = torch.arange(12.0).reshape(3, 4)
+    data = _saved({"base": base, "row": base[1], "cols": base[:, 1:3], "meta": {"step": 3, "name": "x"}})
+    for where in ("jax", torch.device("jax"), "jax:0"):
+        out = torch.load(io.BytesIO(data), map_location=where, weights_only=True)
+        assert out["meta"] == {"step": 3, "name": "x"}
+        for k, want in (("base", base), ("row", base[1]), ("cols", base[:, 1:3])):
+            assert isinstance(out[k], JaxTensor) and torch.equal(out[k].cpu(), want), (where, k)
