@@ -89,6 +89,7 @@ import torch
 from ..core import _pytrees as pytrees
 from ..core import _random
 from ..core._errors import StateWriteError
+from ..dispatch import _autocast
 from ..state._binding import Binding, named_state
 from ..state._holders import ArgState, Holders, wants_grad
 from ..tensor import _tensor
@@ -228,6 +229,7 @@ class Compiled:
             self._module.training if self._module is not None else None,
             grad_mode,
             tuple(free.tensors),
+            _autocast.state(),  # a program traced under torch.autocast("jax") casts
         )
         if holders_objs:
             return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, self._key(key, rng), free)

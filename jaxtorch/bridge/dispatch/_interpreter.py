@@ -693,3 +693,5 @@ _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
 
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
+
+from . import _autocast, _checkpointing  # noqa: E402, F401  (torch.autocast("jax") kernels; checkpoint hooks)

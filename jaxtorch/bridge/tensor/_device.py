@@ -16,53 +16,9 @@ import jax
 import torch
 import torch.utils.backend_registration as _br
 
+from ._device_module import DEVICE_MODULE
+
 DEVICE_TYPE = "jax"
-
-
-class _JaxDeviceModule:
-    """What torch expects of `torch.jax` (a registered device module)."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def device_count() -> int:
-        return jax.device_count()
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:
-        """Called by `torch.manual_seed`: reseeds jaxtorch's eager random generator."""
-        from ..core import _random
-
-        _random.manual_seed(seed)
-
-    manual_seed = manual_seed_all
-
-    @staticmethod
-    def get_rng_state(device=None) -> torch.Tensor:
-        """The eager generator's state as a uint8 tensor (for `torch.random.fork_rng`)."""
-        from ..core import _random
-
-        return _random.get_state()
-
-    @staticmethod
-    def set_rng_state(state: torch.Tensor, device=None) -> None:
-        from ..core import _random
-
-        _random.set_state(state)
 
 
 _JIT_NAME = "jaxtorch_device_guard_c10"
@@ -138,7 +94,7 @@ def _setup() -> torch.device:
     if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
         torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
         CPP_GUARD = _load_cpp_guard()
-        _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_JaxDeviceModule())
+        _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=DEVICE_MODULE)
         if torch.cuda.is_available():
             warnings.warn(_ONE_ACCELERATOR, stacklevel=3)
     return torch.device(DEVICE_TYPE, 0)

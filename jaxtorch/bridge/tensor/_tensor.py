@@ -31,6 +31,7 @@ import torch
 
 from ..core import _lazy
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
+from . import _serialization
 from ._device import JAX_DEVICE
 
 _Lazy = _lazy.LazyArray
@@ -127,6 +128,40 @@ class JaxTensor(torch.Tensor):
 
         with backward_in_trace():
             return super().backward(gradient, retain_graph, create_graph, inputs)
+
+    # ---- saving and storage queries (see `_serialization`) -------------------------
+    def __reduce_ex__(self, protocol):
+        return _serialization.reduce(self, protocol)
+
+    def __deepcopy__(self, memo):
+        return _serialization.deepcopy(self, memo)
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """An identity for the array this tensor reads, shared by its aliases (not its bytes)."""
+        return _serialization.storage_of(root(self))
+
+    def data_ptr(self) -> int:
+        return _serialization.data_ptr(self, root(self))
+
+    def set_(self, source=None, storage_offset=0, size=None, stride=None):
+        """`torch.Tensor.set_`; a storage restored by `torch.load(..., map_location="jax")` becomes its data."""
+        loaded = _serialization.pending_bytes(source)
+        if loaded is None:
+            if source is None:
+                return super().set_()
+            if size is None:
+                return super().set_(source)
+            return super().set_(source, storage_offset, size, stride)
+        size = tuple(size) if size is not None else (loaded.nbytes() // self.element_size(),)
+        stride = tuple(stride) if stride is not None else None
+        if stride is None:
+            stride, acc = [], 1
+            for n in reversed(size):
+                stride.insert(0, acc)
+                acc *= max(n, 1)
+        value = _serialization.loaded_array(loaded, self.dtype, storage_offset, size, stride)
+        rebind(self, JaxTensor(value, dtype=self.dtype))
+        return self
 
     # ---- data access -------------------------------------------------------------
     @property
@@ -529,3 +564,6 @@ def view_fn(t: JaxTensor) -> Callable | None:
     Example: `make_view(r, view_fn(t)(r.elem), view_fn(t))` is `t` again, on the root `r`.
     """
     return t._jt_view_fn if t._jt_base is not None else None
+
+
+_serialization.install(JaxTensor)  # `torch.load(..., map_location="jax")`

@@ -1,0 +1,178 @@
+"""Activation checkpointing (`torch.utils.checkpoint`) on the jax device.
+
+torch's own checkpoint runs unchanged (both `use_reentrant=True` and `False`, and Hugging
+Face's `gradient_checkpointing_enable()`, which calls it). For calls whose tensor arguments
+are on the jax device, two things are added where torch's entry points call the function
+they checkpoint (`CheckpointFunction.apply`, `_checkpoint_without_reentrant_generator`):
+
+- **random numbers**: with `preserve_rng_state=True` (torch's default) the recomputation
+  draws the same keys as the forward did, from jaxtorch's generator or, under
+  `jaxtorch.compile`/`jit`/`call_torch(rng=...)`, from the call's key (so dropout masks
+  match and the gradients equal the unchecked run's);
+- **remat under a trace**: in a traced program (and a lazy one) the recomputation's tensor
+  inputs pass through `jax.lax.optimization_barrier`, as `jax.checkpoint` does: XLA cannot
+  merge the recomputed activations with the forward's (common-subexpression elimination
+  would otherwise undo the checkpoint and keep every activation alive).
+
+Example:
+    ```python
+    from torch.utils.checkpoint import checkpoint
+
+    @jaxtorch.jit
+    def step(model, opt, x):
+        loss = checkpoint(model.block, x, use_reentrant=False).sum()
+        loss.backward()           # the block is recomputed inside the one program
+        opt.step()
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import torch
+import torch.utils.checkpoint as _tc
+
+from ..core import _lazy, _random, _tracing
+from ..tensor._tensor import JaxTensor
+
+_original_generator = _tc._checkpoint_without_reentrant_generator
+_OriginalFunction = _tc.CheckpointFunction
+
+
+# ---- random state: what the forward drew from, restored around each recomputation -------
+def _rng_snapshot() -> tuple[str, Any]:
+    """Where random ops draw from now: the innermost key scope's key, else the eager generator."""
+    stack = getattr(_random._local, "stack", None)
+    if stack and stack[-1][0] is not None:
+        return ("scope", stack[-1][0])
+    return ("global", _random.get_state())
+
+
+@contextlib.contextmanager
+def _replaying(snapshot: tuple[str, Any]):
+    """Draw the forward's random numbers again: from a new key scope holding the key the
+    forward started from (torch may recompute on its autograd thread, outside the call's own
+    scope), or from the eager generator reset to its state then and restored after."""
+    kind, value = snapshot
+    if kind == "scope":
+        with _random.key_scope(value):
+            yield
+        return
+    now = _random.get_state()
+    _random.set_state(value)
+    try:
+        yield
+    finally:
+        _random.set_state(now)
+
+
+# ---- the barrier that keeps a recomputation apart from the forward (prevent CSE) ---------
+def _barrier_data(values: list) -> list:
+    if any(type(v) is _lazy.LazyArray for v in values):
+        return list(_lazy.apply(("optimization_barrier", len(values)), _barrier_tuple, *values))
+    return list(jax.lax.optimization_barrier(tuple(values)))
+
+
+def _barrier_tuple(*values):
+    return tuple(jax.lax.optimization_barrier(tuple(values)))
+
+
+class _Barrier(torch.autograd.Function):
+    """Identity on values and gradients; the data passes an `optimization_barrier`."""
+
+    @staticmethod
+    def forward(ctx, n_anchors, *tensors):
+        if _tracing.pending():  # a backward under a trace, maybe on torch's autograd thread
+            with _tracing.adopted():
+                out = _barrier_data([t._raw() for t in tensors])
+        else:
+            out = _barrier_data([t._raw() for t in tensors])
+        ctx.n_anchors = n_anchors
+        return tuple(JaxTensor(o) for o in out[n_anchors:])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *([None] * ctx.n_anchors), *grads)
+
+
+def _needs_barrier(t: JaxTensor) -> bool:
+    data = t._raw()
+    return type(data) is _lazy.LazyArray or isinstance(data, jax.core.Tracer)
+
+
+def barrier(args: tuple, anchors: tuple = ()) -> tuple:
+    """`args` with its traced or pending jax tensors passed (together, with `anchors`) through
+    an `optimization_barrier`, differentiably; concrete tensors and other values unchanged.
+    The anchors (gradients) only order the program: what comes out waits for them."""
+    idx = [i for i, a in enumerate(args) if isinstance(a, JaxTensor) and _needs_barrier(a)]
+    if not idx:
+        return args
+    extra = [a.detach() for a in anchors if isinstance(a, JaxTensor) and _needs_barrier(a)]
+    outs = _Barrier.apply(len(extra), *extra, *(args[i] for i in idx))
+    new = list(args)
+    for i, o in zip(idx, outs):
+        a = args[i]
+        new[i] = o if a.requires_grad else o.detach()
+    return tuple(new)
+
+
+class _Recompute:
+    """The checkpointed function as torch calls it: calls after the first `forwards` are
+    recomputations, run with the forward's random state and behind a barrier."""
+
+    def __init__(self, fn: Callable, preserve: bool, forwards: int):
+        self.fn, self.forwards, self.calls = fn, forwards, 0
+        self.anchors: tuple = ()  # gradients reaching the region's outputs: the recomputation waits for them
+        self.rng = _rng_snapshot() if preserve else None
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls <= self.forwards:
+            return self.fn(*args, **kwargs)
+        args = barrier(args, self.anchors)
+        self.anchors = ()
+        if self.rng is None:
+            return self.fn(*args, **kwargs)
+        with _replaying(self.rng):
+            return self.fn(*args, **kwargs)
+
+
+def _on_jax(args, kwargs) -> bool:
+    return any(isinstance(a, JaxTensor) for a in (*args, *kwargs.values()))
+
+
+def _generator(fn, preserve_rng_state=True, context_fn=_tc.noop_context_fn, *rest, **kwargs):
+    """`_checkpoint_without_reentrant_generator`, its recomputation wrapped for the jax device
+    (torch calls the function itself for the forward: every call of the wrapper recomputes)."""
+    if _on_jax(rest, kwargs):
+        fn = _Recompute(fn, preserve_rng_state, forwards=0)
+    return _original_generator(fn, preserve_rng_state, context_fn, *rest, **kwargs)
+
+
+class CheckpointFunction(_OriginalFunction):
+    """torch's reentrant `CheckpointFunction`; on the jax device its recomputation is wrapped."""
+
+    @classmethod
+    def apply(cls, function, preserve_rng_state, *args):
+        if _on_jax(args, {}):
+            function = _Recompute(function, preserve_rng_state, forwards=1)
+        return super().apply(function, preserve_rng_state, *args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if isinstance(ctx.run_function, _Recompute):
+            ctx.run_function.anchors = grads
+        return _OriginalFunction.backward(ctx, *grads)
+
+
+def install() -> None:
+    """Put the wrappers where `torch.utils.checkpoint.checkpoint` looks them up (idempotent)."""
+    _tc._checkpoint_without_reentrant_generator = _generator
+    _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
+
+
+install()
