@@ -20,7 +20,8 @@ from ..state import _mesh_axes as explicit
 from ..state import _scopes as scopes
 from ..state._binding import as_found, bound, named_state
 from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
-from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
+from ..state._meta import with_computed_buffers
+from ..tensor._convert import jax_view, module_tensor_to_jax, tensor_to_jax, torch_view, tree_map
 from ..tensor._tensor import JaxTensor
 
 
@@ -147,7 +148,8 @@ def extract(
         ```
     """
     kernels = conv_kernels(module, conv_layout)
-    params = {name: tensor_to_jax(t) for name, t in to_kernels(named_state(module), kernels).items()}
+    tensors = with_computed_buffers(module, named_state(module))  # meta device: non-persistent buffers computed
+    params = {name: module_tensor_to_jax(t) for name, t in to_kernels(tensors, kernels).items()}
     return params, _module_fn(module, mutable, kernels)
 
 

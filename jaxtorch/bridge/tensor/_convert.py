@@ -166,6 +166,24 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     return jax.device_put(host, device)
 
 
+def module_tensor_to_jax(t: torch.Tensor) -> Any:
+    """A module's parameter or buffer as `extract` gives it: `tensor_to_jax(t)`, or, for a
+    tensor on the meta device (a model built under `torch.device("meta")`, which has no data),
+    a `jax.ShapeDtypeStruct` of its shape and dtype: enough for `jax.eval_shape` and
+    `jax.jit(fn).lower`, and a placeholder for the arrays `jaxtorch.load_params` reads.
+
+    **Example:**
+        ```python
+        with torch.device("meta"):
+            w = torch.nn.Linear(4, 2).weight
+        module_tensor_to_jax(w)    # ShapeDtypeStruct(shape=(2, 4), dtype=float32)
+        ```
+    """
+    if isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor) and t.device.type == "meta":
+        return jax.ShapeDtypeStruct(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
+    return tensor_to_jax(t)
+
+
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
     from ..core._dtypes import _TORCH_TO_NP
 
@@ -252,4 +270,14 @@ def to_torch(tree: Any) -> Any:
     return tree_map(_to_torch_leaf, tree)
 
 
-__all__ = ["jax_view", "torch_view", "to_jax", "to_torch", "tensor_to_jax", "array_to_torch", "tree_map", "x64_enabled"]
+__all__ = [
+    "jax_view",
+    "torch_view",
+    "to_jax",
+    "to_torch",
+    "tensor_to_jax",
+    "module_tensor_to_jax",
+    "array_to_torch",
+    "tree_map",
+    "x64_enabled",
+]
