@@ -151,42 +151,89 @@ def read_slice(entry: Entry, index: Index) -> np.ndarray:
     bounds = _bounds(index, entry.shape)
     if isinstance(entry, _TorchEntry):
         t = entry.tensor[tuple(slice(a, b) for a, b in bounds)]
-        host = t.contiguous().view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
-        return np.array(host, copy=True).view(entry.dtype).reshape([b - a for a, b in bounds])
+        host = t.contiguous().reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+        out = _aligned_empty([b - a for a, b in bounds], entry.dtype)
+        out.reshape(-1).view(np.uint8)[...] = host.reshape(-1)
+        return out
     return _pread(entry, bounds)
 
 
+_RUN = 1 << 16  # bytes: runs at least this long are read one by one (exactly their bytes)
+_BLOCK = 1 << 23  # bytes: shorter runs are read in blocks of up to this many (their gaps included)
+
+
+def _aligned_empty(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array whose data is 64-byte aligned: JAX's CPU client then uses it
+    as the device buffer without a copy (and replicas on several CPU devices share it)."""
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start : start + n].view(dtype).reshape(shape)
+
+
+def _converted(host: np.ndarray, target: np.dtype) -> np.ndarray:
+    """`host` in `target` dtype, in an aligned buffer (see `_aligned_empty`)."""
+    if host.dtype == target and host.ctypes.data % 64 == 0:
+        return host
+    out = _aligned_empty(host.shape, target)
+    np.copyto(out, host, casting="unsafe")
+    return out
+
+
+def _preadinto(fd: int, buf: memoryview, offset: int, path: str) -> None:
+    got = 0
+    while got < len(buf):  # preadv may return short
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n <= 0:
+            raise CheckpointError(f"load_params: {path} is truncated (tensor data ends early)")
+        got += n
+
+
+def _run_offsets(entry: _SafetensorsEntry, bounds: list[tuple[int, int]]) -> tuple[np.ndarray, int]:
+    """The file offsets of the contiguous runs of the box `bounds` (row-major order) and their length."""
+    shape, item = entry.shape, entry.dtype.itemsize
+    # the last axis k whose range is partial: the axes after it are whole, so each run is contiguous
+    k = max((i for i, (a, b) in enumerate(bounds) if (a, b) != (0, shape[i])), default=0)
+    strides = [int(np.prod(shape[i + 1 :], dtype=np.int64)) * item for i in range(len(shape))]
+    run = (bounds[k][1] - bounds[k][0]) * strides[k] if shape else item
+    offsets = np.array([entry.start + (bounds[k][0] * strides[k] if shape else 0)], dtype=np.int64)
+    for i in reversed(range(k)):  # add each leading axis's positions (outer axes vary slowest)
+        steps = (np.arange(bounds[i][0], bounds[i][1], dtype=np.int64) * strides[i])[:, None]
+        offsets = (steps + offsets[None, :]).reshape(-1)
+    return offsets, run
+
+
 def _pread(entry: _SafetensorsEntry, bounds: list[tuple[int, int]]) -> np.ndarray:
-    """Read exactly the bytes of the box `bounds` of a row-major tensor: one `preadv` per
-    contiguous run (a whole block when the trailing dimensions are full)."""
-    shape = entry.shape
-    out = np.empty([b - a for a, b in bounds], entry.dtype)
+    """Read the box `bounds` of a row-major tensor from the file, without a memory map: one
+    `preadv` per contiguous run when runs are long; short runs (a column split) in blocks of
+    at most `_BLOCK` bytes, from which the runs are copied out."""
+    out = _aligned_empty([b - a for a, b in bounds], entry.dtype)
     if out.size == 0:
         return out
-    item = entry.dtype.itemsize
-    # the last axis k whose range is partial: axes after it are whole, so each run is contiguous
-    k = max((i for i, (a, b) in enumerate(bounds) if (a, b) != (0, shape[i])), default=-1)
-    if k == -1:
-        k = 0
-    inner = int(np.prod(shape[k + 1 :], dtype=np.int64)) * item  # bytes per index step on axis k
-    strides = [int(np.prod(shape[i + 1 :], dtype=np.int64)) * item for i in range(len(shape))]
-    run = (bounds[k][1] - bounds[k][0]) * inner
+    offsets, run = _run_offsets(entry, bounds)
     flat = out.reshape(-1).view(np.uint8)
     fd = os.open(entry.path, os.O_RDONLY)
     try:
-        pos = 0
-        for lead in np.ndindex(*[b - a for a, b in bounds[:k]]):
-            offset = (
-                entry.start + bounds[k][0] * inner + sum((bounds[i][0] + j) * strides[i] for i, j in enumerate(lead))
-            )
-            view = memoryview(flat[pos : pos + run])  # type: ignore[arg-type]
-            got = 0
-            while got < run:  # preadv may return short
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n <= 0:
-                    raise CheckpointError(f"load_params: {entry.path} is truncated (tensor data ends early)")
-                got += n
-            pos += run
+        if run >= _RUN or len(offsets) == 1:
+            for n, offset in enumerate(offsets.tolist()):
+                _preadinto(fd, memoryview(flat[n * run : (n + 1) * run]), offset, entry.path)  # type: ignore[arg-type]
+            return out
+        rows = flat.reshape(len(offsets), run)
+        start = 0
+        while start < len(offsets):
+            stop = int(np.searchsorted(offsets, offsets[start] + _BLOCK - run, side="right"))
+            stop = max(stop, start + 1)
+            first, span = int(offsets[start]), int(offsets[stop - 1]) - int(offsets[start]) + run
+            block = np.empty(span, np.uint8)
+            _preadinto(fd, memoryview(block), first, entry.path)  # type: ignore[arg-type]
+            rel = offsets[start:stop] - first
+            gaps = np.diff(rel)
+            if len(gaps) and np.all(gaps == gaps[0]):  # evenly spaced: one strided copy
+                rows[start:stop] = np.lib.stride_tricks.as_strided(block, (stop - start, run), (int(gaps[0]), 1))
+            else:
+                for n, r in enumerate(rel.tolist()):
+                    rows[start + n] = block[r : r + run]
+            start = stop
     finally:
         os.close(fd)
     return out
@@ -341,10 +388,7 @@ def _build(
         key = tuple(_bounds(index, shape))
         host = cache.get(key)
         if host is None:
-            host = read(index)
-            if host.dtype != target:
-                host = host.astype(target)
-            cache[key] = host
+            host = cache[key] = _converted(read(index), target)
         return host
 
     # drop the slices once every local device has its copy

@@ -290,3 +290,56 @@ def test_two_processes_each_read_their_half(saved):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def test_read_slice_short_runs_in_blocks(tmp_path, monkeypatch):
+    from jaxtorch.train import _load
+
+    x = np.arange(3 * 40 * 24, dtype=np.float32).reshape(3, 40, 24)
+    safetensors.torch.save_file({"x": torch.from_numpy(x)}, tmp_path / "x.safetensors")
+    entry = _load.checkpoint_entries(tmp_path / "x.safetensors")["x"]
+    monkeypatch.setattr(_load, "_BLOCK", 200)  # several blocks per slice, runs of 12..40 bytes
+    for index in [
+        (slice(None), slice(None), slice(3, 6)),
+        (slice(1, 3), slice(5, 30), slice(0, 10)),
+        (slice(None), slice(7, 8)),
+    ]:
+        np.testing.assert_array_equal(_load.read_slice(entry, index), x[index])
+
+
+# ---- item 5: extract of memory-mapped weights -------------------------------------------------
+def _resident_of(path: Path) -> int:
+    """Bytes of `path`'s memory maps resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split()[0] and len(line.split()) >= 5:
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc")
+def test_extract_of_mmapped_from_pretrained_keeps_no_second_copy(tmp_path):
+    cfg = dict(CONFIG, hidden_size=256, intermediate_size=512, vocab_size=2048)  # most tensors >= 64 KiB
+    torch.manual_seed(0)
+    llama(cfg).save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    file = tmp_path / "model.safetensors"
+    before = {k: v.detach().clone().numpy() for k, v in model.state_dict().items()}
+    for p in model.parameters():  # every weight page resident, as after a forward
+        p.detach().sum()
+    mapped = _resident_of(file)
+    assert mapped > 0.9 * file.stat().st_size  # the weights live in the file's memory map
+    params, fn = jaxtorch.extract(model)
+    assert _resident_of(file) < 0.1 * file.stat().st_size  # paged out: JAX's copy is the only one
+    for name in params.keys() & before.keys():
+        np.testing.assert_array_equal(np.asarray(params[name]), before[name])
+    ids = torch.as_tensor(IDS, dtype=torch.long)
+    with torch.no_grad():
+        want = model(ids).logits.numpy()  # torch still reads its weights (reread from the file)
+        model.model.norm.weight.add_(1.0)  # a torch write after extract does not reach params
+    np.testing.assert_array_equal(np.asarray(params["model.norm.weight"]), before["model.norm.weight"])
+    got = run(fn, params, getattr(fn, "state", None) or {}, IDS).logits
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

@@ -123,13 +123,67 @@ def _frozen_host(t: torch.Tensor) -> np.ndarray | None:
     return base.view(_np_dtype(t.dtype))
 
 
+def _file_mapping(ptr: int) -> tuple[int, int] | None:
+    """The address range of the private memory map of a file that `ptr` lies in
+    (`from_pretrained`'s safetensors weights, `torch.load(mmap=True)`), from `/proc/self/maps`;
+    None for other memory (or where there is no such file)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split()
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= ptr < hi:
+                    private_file = fields[1].endswith("p") and fields[4] != "0" and fields[5:6] != []
+                    return (lo, hi) if private_file and fields[5].startswith("/") else None
+    except OSError:
+        pass
+    return None
+
+
+def _page_out(t: torch.Tensor, region: tuple[int, int]) -> None:
+    """Tell the kernel the pages of `t`'s file-mapped memory can be reclaimed now
+    (`madvise(MADV_PAGEOUT)`): clean pages are dropped (reread from the file if torch reads
+    them again), written ones are kept. A hint only: no value changes."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # whole 2 MiB blocks: the page cache may hold the file in large folios, which are only
+        # reclaimed when the range covers them (neighbouring weights are reread if used)
+        block = 1 << 21
+        start = max(t.const_data_ptr() // block * block, region[0])  # within the file's map only
+        end = min(-(-(t.const_data_ptr() + t.numel() * t.element_size()) // block) * block, region[1])
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 21)  # MADV_PAGEOUT (Linux 5.4+)
+    except (OSError, AttributeError):  # pragma: no cover - no libc / no madvise: only memory is at stake
+        pass
+
+
+def _aligned_copy(host: np.ndarray) -> np.ndarray:
+    """A copy of `host` in 64-byte-aligned memory, which JAX's CPU client adopts without a second copy."""
+    raw = np.empty(host.nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    out = raw[start : start + host.nbytes].view(host.dtype).reshape(host.shape)
+    np.copyto(out, host)
+    return out
+
+
 def _host_snapshot(t: torch.Tensor) -> np.ndarray:
     """NumPy data with `t`'s current values that no later torch write can change: the same memory
-    made copy-on-write where possible (no copy), else a copy."""
+    made copy-on-write where possible (no copy), else a copy.
+
+    Memory torch does not own cannot be made copy-on-write. When it is a private map of a file
+    (`from_pretrained`'s weights), the copy is made once, aligned so that JAX adopts it, and the
+    mapped pages are then paged out, so the process does not hold the weights twice (torch
+    rereads them from the file if it uses them again)."""
     if t.numel() * t.element_size() >= _SMALL:
         frozen = _frozen_host(t)
         if frozen is not None:
             return frozen
+        region = _file_mapping(t.const_data_ptr())
+        if region is not None:
+            copy = _aligned_copy(_host_view(t))
+            _page_out(t, region)
+            return copy
     return np.array(_host_view(t), copy=True)
 
 
