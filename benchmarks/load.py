@@ -153,7 +153,8 @@ def main() -> None:
     model = transformers.LlamaForCausalLM(_config(args))
     n = sum(p.numel() for p in model.parameters())
     print(
-        f"Llama {args.layers}x{args.hidden} (intermediate {args.intermediate}, vocab {args.vocab}): {n / 1e6:.0f} M params"
+        f"Llama {args.layers}x{args.hidden} (intermediate {args.intermediate}, vocab {args.vocab}): "
+        f"{n / 1e6:.0f} M params"
     )
     print(
         "| checkpoint | row | load s | peak above base / held | peak / (1.1 held + largest slice) | distinct buffers |"
@@ -169,7 +170,8 @@ def main() -> None:
                 bound = 1.1 * r["held"] + r["largest"]
                 print(
                     f"| {str(dtype).split('.')[1]} | {row} | {r['seconds']:.2f} | "
-                    f"{r['peak_above'] / r['held']:.2f}x ({r['peak_above'] / 2**20:.0f} / {r['held'] / 2**20:.0f} MiB) | "
+                    f"{r['peak_above'] / r['held']:.2f}x "
+                    f"({r['peak_above'] / 2**20:.0f} / {r['held'] / 2**20:.0f} MiB) | "
                     f"{r['peak_above'] / bound:.2f} | {r['distinct'] / 2**20:.0f} MiB |",
                     flush=True,
                 )
