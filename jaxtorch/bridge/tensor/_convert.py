@@ -151,8 +151,8 @@ def _page_out(t: torch.Tensor, region: tuple[int, int]) -> None:
         # whole 2 MiB blocks: the page cache may hold the file in large folios, which are only
         # reclaimed when the range covers them (neighbouring weights are reread if used)
         block = 1 << 21
-        start = max(t.const_data_ptr() // block * block, region[0])  # within the file's map only
-        end = min(-(-(t.const_data_ptr() + t.numel() * t.element_size()) // block) * block, region[1])
+        start = max(t.data_ptr() // block * block, region[0])  # within the file's map only
+        end = min(-(-(t.data_ptr() + t.numel() * t.element_size()) // block) * block, region[1])
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 21)  # MADV_PAGEOUT (Linux 5.4+)
     except (OSError, AttributeError):  # pragma: no cover - no libc / no madvise: only memory is at stake
         pass
@@ -179,7 +179,7 @@ def _host_snapshot(t: torch.Tensor) -> np.ndarray:
         frozen = _frozen_host(t)
         if frozen is not None:
             return frozen
-        region = _file_mapping(t.const_data_ptr())
+        region = _file_mapping(t.data_ptr())
         if region is not None:
             copy = _aligned_copy(_host_view(t))
             _page_out(t, region)
