@@ -343,3 +343,31 @@ def test_extract_of_mmapped_from_pretrained_keeps_no_second_copy(tmp_path):
     np.testing.assert_array_equal(np.asarray(params["model.norm.weight"]), before["model.norm.weight"])
     got = run(fn, params, getattr(fn, "state", None) or {}, IDS).logits
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_make_train_step_of_meta_model_with_loaded_weights(saved, meta_model):
+    import inspect
+
+    import optax
+
+    from jaxtorch.train import make_train_step
+
+    ref, path = saved
+    init, step = make_train_step(
+        meta_model, lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out.logits, y).mean(), optax.sgd(0.1)
+    )
+    if "model_state" not in inspect.signature(init).parameters:
+        pytest.skip("init(params, model_state) comes with extract's params/state split")
+    params, state = load_params(meta_model, path)
+    ts = init(params, state)
+    ids = jnp.asarray(IDS)
+    ts, loss = step(ts, ids, ids)
+    with torch.no_grad():
+        logits = ref(torch.as_tensor(IDS, dtype=torch.long)).logits
+        want = torch.nn.functional.cross_entropy(logits[0], torch.as_tensor(IDS[0], dtype=torch.long))
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+
+
+def test_meta_tensor_conversion_says_where_the_weights_come_from(meta_model):
+    with pytest.raises(ValueError, match="load_params"):
+        jaxtorch.to_jax(meta_model.model.norm.weight)

@@ -202,6 +202,13 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     if isinstance(t, JaxTensor):
         return t.elem
     t = t.detach()
+    if t.device.type == "meta":
+        raise ValueError(
+            f"jaxtorch: a tensor on the meta device (shape {tuple(t.shape)}, {t.dtype}) has no data to convert. "
+            "A model built under `torch.device('meta')` gets its weights from a checkpoint: "
+            "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
+            "(or `init(params, state)` for `make_train_step`)."
+        )
     if t.device.type != "cpu":
         t = t.cpu()
     # float64 without x64 raises, except a 0-dim scalar (see `dtypes`)
