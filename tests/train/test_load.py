@@ -371,3 +371,24 @@ def test_make_train_step_of_meta_model_with_loaded_weights(saved, meta_model):
 def test_meta_tensor_conversion_says_where_the_weights_come_from(meta_model):
     with pytest.raises(ValueError, match="load_params"):
         jaxtorch.to_jax(meta_model.model.norm.weight)
+
+
+def test_shardings_as_one_sharding_a_dict_or_a_function(saved, meta_model):
+    from jax.sharding import SingleDeviceSharding
+
+    _, path = saved
+    device = jax.local_devices()[-1]
+    one = SingleDeviceSharding(device)
+    params, _ = load_params(meta_model, path, shardings=one)
+    assert all(a.sharding == one for a in params.values())
+    params, _ = load_params(meta_model, path, shardings={"model.norm.weight": one})
+    assert params["model.norm.weight"].sharding == one
+    seen = []
+
+    def choose(name, struct):
+        seen.append((name, struct.shape))
+        return one if name.endswith("up_proj.weight") else None
+
+    params, _ = load_params(meta_model, path, shardings=choose)
+    assert params["model.layers.0.mlp.up_proj.weight"].sharding == one
+    assert ("model.layers.0.mlp.up_proj.weight", (64, 32)) in seen
