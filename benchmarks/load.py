@@ -7,7 +7,7 @@ Rows (each in its own subprocess with 8 simulated devices,
   `jax.make_array_from_callback` with the same shardings;
 - (item 5) `from_pretrained` (memory-mapped) then `jaxtorch.extract`.
 
-For each: wall time of the load (arrays ready), and peak resident memory (`ru_maxrss`) above
+For each: wall time of the load (arrays ready), and peak resident memory (`VmHWM`, reset when the load starts) above
 the process's own resident memory after importing the libraries and building the model on
 the meta device, divided by the bytes the 8 devices hold (replicated arrays count 8 times)
 and, for the issue's bound, compared with 1.1x held + the largest single slice. float32 and
@@ -39,6 +39,22 @@ TP_RULES = [
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> None:
+    """Restart this process's peak-RSS count (`VmHWM`) from its RSS now (Linux's clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak() -> int:
+    """Peak RSS since `_reset_peak` (`VmHWM`). Not `ru_maxrss`: Linux carries that across exec
+    from the forked parent, so a child would report the benchmark parent's memory."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _config(args):
@@ -75,6 +91,7 @@ def child(args) -> None:
         model = transformers.LlamaForCausalLM(_config(args))
     gc.collect()
     base = _rss()
+    _reset_peak()
     t0 = time.perf_counter()
     if args.child == "load_params":
         dtype = jax.numpy.bfloat16 if args.dtype == "bfloat16" else None  # the file's dtype, as the plain row
@@ -105,7 +122,7 @@ def child(args) -> None:
     seconds = time.perf_counter() - t0
     if os.environ.get("LOAD_DEBUG"):
         print("after", (_rss() - base) / 2**20, file=sys.stderr)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak()
     held = sum(s.data.nbytes for a in arrays.values() for s in a.addressable_shards)
     buffers = {s.data.unsafe_buffer_pointer(): s.data.nbytes for a in arrays.values() for s in a.addressable_shards}
     largest = max(max(s.data.nbytes for s in a.addressable_shards) for a in arrays.values())
@@ -143,6 +160,7 @@ def main() -> None:
     ap.add_argument("--file", default=None)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rows", default="load_params,plain,from_pretrained")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -161,7 +179,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as d:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
             sub = os.path.join(d, str(dtype).split(".")[1])
             model.to(dtype).save_pretrained(sub)
             file = os.path.join(sub, "model.safetensors")
