@@ -115,6 +115,17 @@ def test_meta_buffer_nobody_computes_raises():
     with pytest.raises(MetaBufferError, match="table"):
         jaxtorch.extract(m)
 
+    class Mask(torch.nn.Module):  # a boolean buffer (a causal mask): no NaN to detect it with
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+            self.register_buffer("mask", torch.ones(3, 3).tril().bool(), persistent=False)
+
+    with torch.device("meta"):
+        m = Mask()
+    with pytest.raises(MetaBufferError, match="mask"):
+        jaxtorch.extract(m)
+
 
 # ---- item 2: load_params ---------------------------------------------------------------------
 def test_load_safetensors_dir_into_meta_model_matches_torch(saved, meta_model):

@@ -58,12 +58,12 @@ def _init_hook(root: torch.nn.Module):
     return None
 
 
-def _recompute(root: torch.nn.Module, owner: torch.nn.Module) -> torch.nn.Module:
-    """A CPU copy of `owner` whose buffers were computed by its own initialization code."""
+def _recompute(root: torch.nn.Module, owner: torch.nn.Module, fill: int = 0) -> torch.nn.Module:
+    """A CPU copy of `owner` whose buffers were computed by its own initialization code; before
+    it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows)."""
     clone = copy.deepcopy(owner).to_empty(device="cpu")
     for b in clone.buffers(recurse=False):
-        if b.dtype.is_floating_point or b.dtype.is_complex:
-            b.fill_(float("nan"))
+        b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
     hook = _init_hook(root)
     with torch.no_grad():
         if hook is not None:
@@ -95,7 +95,12 @@ def computed_buffers(module: torch.nn.Module, names: Iterable[str]) -> dict[str,
         if prefix not in clones:
             clones[prefix] = _recompute(module, module.get_submodule(prefix))
         value = clones[prefix].get_buffer(leaf)
-        if (value.dtype.is_floating_point or value.dtype.is_complex) and bool(torch.isnan(value).any()):
+        if value.dtype.is_floating_point or value.dtype.is_complex:
+            unset = bool(torch.isnan(value).any())
+        else:  # no NaN for integers and booleans: run it again from another fill, compare
+            again = _recompute(module, module.get_submodule(prefix), fill=1).get_buffer(leaf)
+            unset = not torch.equal(value, again)
+        if unset:
             raise MetaBufferError(
                 f"jaxtorch: the buffer {name!r} is on the meta device and not saved in checkpoints "
                 f"(non-persistent), and neither a Hugging Face `_init_weights` nor "
