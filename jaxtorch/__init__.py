@@ -44,7 +44,7 @@ from .bridge.tensor._autograd import call_jax, jax_function_to_torch
 from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.tensor._tensor import JaxTensor
 from .ops.registry import register_op
-from .train import load_checkpoint, load_into, save_checkpoint
+from .train import load_checkpoint, load_into, load_params, save_checkpoint
 
 __version__ = "0.1.0"
 
@@ -67,6 +67,7 @@ __all__ = [
     "lazy",
     "load_checkpoint",
     "load_into",
+    "load_params",
     "manual_seed",
     "register_object",
     "register_op",

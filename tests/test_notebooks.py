@@ -64,6 +64,9 @@ EXPECTED = {
         "greedy_decoder, same tokens as torch's loop: True",
         "<image/png>",
         "8 arrays changed, all LoRA: True",
+        "loaded q_proj.weight float32[64@model,64] -> each device holds (16, 64)",
+        "loaded, tensor parallel: same logits as torch: True",
+        "greedy from the loaded weights, same tokens as torch's generate: True",
     ],
     "07_lazy": [
         "compiled programs: 3",

@@ -10,6 +10,7 @@ jaxtorch.train.load_into(model, state)   # params and model_state (buffers, froz
 """
 
 from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ._load import CheckpointKeysError, load_params
 from ._precision import MixedPrecision
 from ._sharding import DeviceLoader, data_mesh, shard, shard_batch, shardings
 from ._state import TrainState, load_into
@@ -17,12 +18,14 @@ from ._step import make_train_step
 
 __all__ = [
     "CheckpointError",
+    "CheckpointKeysError",
     "DeviceLoader",
     "MixedPrecision",
     "TrainState",
     "data_mesh",
     "load_checkpoint",
     "load_into",
+    "load_params",
     "make_train_step",
     "save_checkpoint",
     "shard",

@@ -32,7 +32,8 @@ from ..state._binding import (
     training_modes,
 )
 from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
-from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
+from ..state._meta import with_computed_buffers
+from ..tensor._convert import jax_view, module_tensor_to_jax, tensor_to_jax, torch_view, tree_map
 from ..tensor._tensor import JaxTensor
 
 
@@ -185,8 +186,9 @@ def extract(
     params_t, state_t = split_state(module)
     kernels = {k: v for k, v in conv_kernels(module, conv_layout).items() if k in params_t}
     params = _snapshot(to_kernels(params_t, kernels))
+    state = _snapshot(with_computed_buffers(module, state_t))  # meta device: non-persistent buffers computed
     fn = ModuleFunction(
-        module, modes=modes_of(module, train), mutable=mutable, kernels=kernels, params=params, state=_snapshot(state_t)
+        module, modes=modes_of(module, train), mutable=mutable, kernels=kernels, params=params, state=state
     )
     return params, fn
 
@@ -194,7 +196,7 @@ def extract(
 def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, jax.Array]:
     """The module's tensors as JAX arrays (copy-on-write views on the CPU): the one
     conversion `extract` makes, for params and state alike."""
-    return {name: tensor_to_jax(t) for name, t in tensors.items()}
+    return {name: module_tensor_to_jax(t) for name, t in tensors.items()}
 
 
 def module_function(

@@ -125,13 +125,67 @@ def _frozen_host(t: torch.Tensor) -> np.ndarray | None:
     return base.view(_np_dtype(t.dtype))
 
 
+def _file_mapping(ptr: int) -> tuple[int, int] | None:
+    """The address range of the private memory map of a file that `ptr` lies in
+    (`from_pretrained`'s safetensors weights, `torch.load(mmap=True)`), from `/proc/self/maps`;
+    None for other memory (or where there is no such file)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split()
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= ptr < hi:
+                    private_file = fields[1].endswith("p") and fields[4] != "0" and fields[5:6] != []
+                    return (lo, hi) if private_file and fields[5].startswith("/") else None
+    except OSError:
+        pass
+    return None
+
+
+def _page_out(t: torch.Tensor, region: tuple[int, int]) -> None:
+    """Tell the kernel the pages of `t`'s file-mapped memory can be reclaimed now
+    (`madvise(MADV_PAGEOUT)`): clean pages are dropped (reread from the file if torch reads
+    them again), written ones are kept. A hint only: no value changes."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # whole 2 MiB blocks: the page cache may hold the file in large folios, which are only
+        # reclaimed when the range covers them (neighbouring weights are reread if used)
+        block = 1 << 21
+        start = max(t.data_ptr() // block * block, region[0])  # within the file's map only
+        end = min(-(-(t.data_ptr() + t.numel() * t.element_size()) // block) * block, region[1])
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 21)  # MADV_PAGEOUT (Linux 5.4+)
+    except (OSError, AttributeError):  # pragma: no cover - no libc / no madvise: only memory is at stake
+        pass
+
+
+def _aligned_copy(host: np.ndarray) -> np.ndarray:
+    """A copy of `host` in 64-byte-aligned memory, which JAX's CPU client adopts without a second copy."""
+    raw = np.empty(host.nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    out = raw[start : start + host.nbytes].view(host.dtype).reshape(host.shape)
+    np.copyto(out, host)
+    return out
+
+
 def _host_snapshot(t: torch.Tensor) -> np.ndarray:
     """NumPy data with `t`'s current values that no later torch write can change: the same memory
-    made copy-on-write where possible (no copy), else a copy."""
+    made copy-on-write where possible (no copy), else a copy.
+
+    Memory torch does not own cannot be made copy-on-write. When it is a private map of a file
+    (`from_pretrained`'s weights), the copy is made once, aligned so that JAX adopts it, and the
+    mapped pages are then paged out, so the process does not hold the weights twice (torch
+    rereads them from the file if it uses them again)."""
     if t.numel() * t.element_size() >= _SMALL:
         frozen = _frozen_host(t)
         if frozen is not None:
             return frozen
+        region = _file_mapping(t.data_ptr())
+        if region is not None:
+            copy = _aligned_copy(_host_view(t))
+            _page_out(t, region)
+            return copy
     return np.array(_host_view(t), copy=True)
 
 
@@ -155,6 +209,13 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
         return t.elem
     _check_dense(t)
     t = t.detach()
+    if t.device.type == "meta":
+        raise ValueError(
+            f"jaxtorch: a tensor on the meta device (shape {tuple(t.shape)}, {t.dtype}) has no data to convert. "
+            "A model built under `torch.device('meta')` gets its weights from a checkpoint: "
+            "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
+            "(or `init(params, state)` for `make_train_step`)."
+        )
     if t.device.type != "cpu":
         t = t.cpu()
     # float64 without x64 raises, except a 0-dim scalar (see `dtypes`)
@@ -198,6 +259,24 @@ def _check_dense(t: torch.Tensor) -> None:
     why = _unreadable(t)
     if why is not None:
         raise TypeError(f"jaxtorch: cannot convert to a jax.Array: {why}.")
+
+
+def module_tensor_to_jax(t: torch.Tensor) -> Any:
+    """A module's parameter or buffer as `extract` gives it: `tensor_to_jax(t)`, or, for a
+    tensor on the meta device (a model built under `torch.device("meta")`, which has no data),
+    a `jax.ShapeDtypeStruct` of its shape and dtype: enough for `jax.eval_shape` and
+    `jax.jit(fn).lower`, and a placeholder for the arrays `jaxtorch.load_params` reads.
+
+    **Example:**
+        ```python
+        with torch.device("meta"):
+            w = torch.nn.Linear(4, 2).weight
+        module_tensor_to_jax(w)    # ShapeDtypeStruct(shape=(2, 4), dtype=float32)
+        ```
+    """
+    if isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor) and t.device.type == "meta":
+        return jax.ShapeDtypeStruct(tuple(t.shape), np.dtype(to_jax_dtype(t.dtype)))
+    return tensor_to_jax(t)
 
 
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
@@ -304,7 +383,17 @@ def to_torch(tree: Any) -> Any:
     return tree_map(_to_torch_leaf, tree)
 
 
-__all__ = ["jax_view", "torch_view", "to_jax", "to_torch", "tensor_to_jax", "array_to_torch", "tree_map", "x64_enabled"]
+__all__ = [
+    "jax_view",
+    "torch_view",
+    "to_jax",
+    "to_torch",
+    "tensor_to_jax",
+    "module_tensor_to_jax",
+    "array_to_torch",
+    "tree_map",
+    "x64_enabled",
+]
 
 
 # ---- torch tensors as JAX inputs ----------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""Modules on the meta device: the values of their non-persistent buffers.
+
+A model built under `with torch.device("meta"):` (or Hugging Face's empty-weights
+construction) has shapes and dtypes but no data. Its weights come from a checkpoint
+(`jaxtorch.load_params`), but non-persistent buffers (rotary `inv_freq`, causal masks) are
+never saved: they are computed by the module's own code. `computed_buffers` gets them by
+re-running that code on the CPU for a copy of the owning submodule only:
+
+1. a Hugging Face model's `_init_weights(submodule)` (what `from_pretrained` runs for
+   weights missing from a checkpoint: it recomputes every rotary embedding's `inv_freq`);
+2. else the submodule's `reset_parameters()` / `_reset_parameters()` (torch's convention);
+
+and checks the result: a buffer that neither filled (it still holds the NaN it was set to)
+raises `MetaBufferError` naming it and the way out. Nothing of the original module changes.
+
+Example:
+    ```python
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    computed_buffers(model, ["model.rotary_emb.inv_freq"])  # {"model.rotary_emb.inv_freq": tensor([...])}
+    ```
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+
+from ..core._errors import JaxtorchError
+
+
+class MetaBufferError(JaxtorchError):
+    """A non-persistent buffer on the meta device whose value jaxtorch cannot compute."""
+
+
+def non_persistent_names(module: torch.nn.Module) -> set[str]:
+    """Names (as `named_buffers` gives them) of the buffers `state_dict` leaves out."""
+    out = set()
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for b in getattr(sub, "_non_persistent_buffers_set", ()):
+            if sub._buffers.get(b) is not None:
+                out.add(f"{prefix}.{b}" if prefix else b)
+    return out
+
+
+def is_meta(t: torch.Tensor) -> bool:
+    return t.device.type == "meta"
+
+
+def _init_hook(root: torch.nn.Module):
+    """The Hugging Face `_init_weights` of `root` (or of its first `PreTrainedModel` part), or None."""
+    for sub in root.modules():
+        hook = getattr(sub, "_init_weights", None)
+        if callable(hook) and hasattr(sub, "config"):
+            return hook
+    return None
+
+
+def _recompute(root: torch.nn.Module, owner: torch.nn.Module, fill: int = 0) -> torch.nn.Module:
+    """A CPU copy of `owner` whose buffers were computed by its own initialization code; before
+    it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows)."""
+    clone = copy.deepcopy(owner).to_empty(device="cpu")
+    for b in clone.buffers(recurse=False):
+        b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
+    hook = _init_hook(root)
+    with torch.no_grad():
+        if hook is not None:
+            for m in clone.modules():
+                for flag in ("_is_hf_initialized",):
+                    for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
+                        if hasattr(t, flag):
+                            delattr(t, flag)
+                hook(m)
+        for m in clone.modules():
+            reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+            if hook is None and callable(reset):
+                reset()
+    return clone
+
+
+def computed_buffers(module: torch.nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """The values of the buffers `names` of `module`: their own if they have data, else
+    (on the meta device) computed by re-running the owning submodule's initialization on a
+    CPU copy (see the module docstring). Raises `MetaBufferError` for one it cannot compute."""
+    out: dict[str, torch.Tensor] = {}
+    clones: dict[str, torch.nn.Module] = {}
+    for name in names:
+        t = module.get_buffer(name)
+        if not is_meta(t):
+            out[name] = t
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        if prefix not in clones:
+            clones[prefix] = _recompute(module, module.get_submodule(prefix))
+        value = clones[prefix].get_buffer(leaf)
+        if value.dtype.is_floating_point or value.dtype.is_complex:
+            unset = bool(torch.isnan(value).any())
+        else:  # no NaN for integers and booleans: run it again from another fill, compare
+            again = _recompute(module, module.get_submodule(prefix), fill=1).get_buffer(leaf)
+            unset = not torch.equal(value, again)
+        if unset:
+            raise MetaBufferError(
+                f"jaxtorch: the buffer {name!r} is on the meta device and not saved in checkpoints "
+                f"(non-persistent), and neither a Hugging Face `_init_weights` nor "
+                f"`{type(module.get_submodule(prefix)).__name__}.reset_parameters()` computes it. Build that "
+                "submodule outside `torch.device('meta')` (its buffers then have values), or give its value "
+                "yourself in `state=`."
+            )
+        out[name] = value
+    return out
+
+
+def with_computed_buffers(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` (named as `named_state` names them) with each non-persistent buffer on the meta
+    device replaced by its computed value (`computed_buffers`); others unchanged."""
+    todo = [n for n in non_persistent_names(module) if n in tensors and is_meta(tensors[n])]
+    return {**tensors, **computed_buffers(module, todo)} if todo else tensors
+
+
+__all__ = ["MetaBufferError", "computed_buffers", "with_computed_buffers", "is_meta", "non_persistent_names"]

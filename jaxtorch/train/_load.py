@@ -1,0 +1,487 @@
+"""`load_params`: a torch / Hugging Face checkpoint straight into (sharded) JAX arrays.
+
+Reads a `.safetensors` file, a Hugging Face directory (`model.safetensors`, shards with
+`model.safetensors.index.json`, or `pytorch_model.bin[.index.json]`), or a torch `.bin`/`.pt`
+state dict (`torch.load(weights_only=True)` only: nothing in the file is executed). Each array
+is built with `jax.make_array_from_callback`: for every device of this process the callback
+reads only that device's slice (safetensors: `os.preadv` of exactly the slice's bytes, no
+memory map), converts its dtype and hands it to JAX, so the host never holds more than the
+arrays this process's devices hold plus one slice in flight.
+
+Names map as the model's `load_state_dict` (and `from_pretrained`) would: tied weights are
+one entry (under the first name `named_parameters` gives; a file holding either name fills
+it), Hugging Face's key renames (`LayerNorm.gamma`, `_checkpoint_conversion_mapping`,
+`model.` / `base_model_prefix` added or stripped) apply, and non-persistent buffers (rotary
+`inv_freq`), which checkpoints never hold, are computed from the module's own code
+(`bridge/state/_meta.py`). Names missing from or unexpected in the file, and shape
+mismatches, raise one `CheckpointKeysError` listing them all.
+
+Example:
+    ```python
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    mesh = jax.make_mesh((8,), ("model",))
+    params, state = jaxtorch.load_params(model, "llama/", mesh=mesh, rules=[(r"q_proj\\.weight$", P("model"))])
+    _, fn = jaxtorch.extract(model)
+    logits = jax.jit(fn)(params, ids, state=state)
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
+
+from ..bridge.core._dtypes import to_jax_dtype
+from ..bridge.state import _binding
+from ..bridge.state._binding import named_state
+from ..bridge.state._meta import computed_buffers, non_persistent_names
+from ..bridge.tensor._convert import tensor_to_jax
+from ._checkpoint import CheckpointError
+from ._sharding import Rules, spec_for
+
+ShardingsLike = None | Sharding | Mapping[str, Sharding] | Callable[[str, jax.ShapeDtypeStruct], Sharding | None]
+
+_SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64),
+    "U32": np.dtype(np.uint32),
+    "U16": np.dtype(np.uint16),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+
+
+class CheckpointKeysError(CheckpointError, KeyError):
+    """A checkpoint whose names or shapes do not match the model: every problem in one error.
+
+    Attributes: `missing` (model names the file lacks), `unexpected` (file names the model
+    lacks), `mismatched` (`{name: (file shape, model shape)}`).
+    """
+
+    def __init__(self, path: str, missing: list[str], unexpected: list[str], mismatched: dict[str, tuple]):
+        self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing from the file: {missing}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} in the file but not in the model: {unexpected}")
+        if mismatched:
+            parts.append(
+                f"{len(mismatched)} with another shape (file vs model): "
+                + ", ".join(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in ((k, *v) for k, v in mismatched.items()))
+            )
+        super().__init__(
+            f"load_params({path!r}): the checkpoint does not match the model: "
+            + "; ".join(parts)
+            + ". Check that the checkpoint was saved from this architecture and config; names are mapped as "
+            "`load_state_dict` / `from_pretrained` map them (tied weights, `base_model_prefix`, Hugging Face renames)."
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+# ---- reading: one entry per tensor of the file(s) ---------------------------------------
+Index = tuple[slice, ...]
+
+
+@dataclass(frozen=True)
+class _SafetensorsEntry:
+    """One tensor of a safetensors file: where its bytes are. `read` preads one slice."""
+
+    path: str
+    start: int  # absolute byte offset of the tensor's data in the file
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def read(self, index: Index) -> np.ndarray:
+        return read_slice(self, index)
+
+
+@dataclass(frozen=True)
+class _TorchEntry:
+    """One tensor of a torch state dict (memory-mapped by `torch.load(mmap=True)` when it can)."""
+
+    tensor: torch.Tensor
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def read(self, index: Index) -> np.ndarray:
+        return read_slice(self, index)
+
+
+Entry = _SafetensorsEntry | _TorchEntry
+
+
+def _bounds(index: Index, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    out = []
+    for s, n in zip(index, shape, strict=False):
+        start, stop, step = s.indices(n)
+        if step != 1:
+            raise ValueError(f"load_params: strided slice {s} (a sharding JAX never asks for)")
+        out.append((start, stop))
+    out += [(0, n) for n in shape[len(out) :]]
+    return out
+
+
+def read_slice(entry: Entry, index: Index) -> np.ndarray:
+    """The slice `index` of one checkpoint tensor, in the file's dtype: the single place
+    bytes are read (the tests count them here)."""
+    bounds = _bounds(index, entry.shape)
+    if isinstance(entry, _TorchEntry):
+        t = entry.tensor[tuple(slice(a, b) for a, b in bounds)]
+        host = t.contiguous().reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+        out = _aligned_empty([b - a for a, b in bounds], entry.dtype)
+        out.reshape(-1).view(np.uint8)[...] = host.reshape(-1)
+        return out
+    return _pread(entry, bounds)
+
+
+_RUN = 1 << 16  # bytes: runs at least this long are read one by one (exactly their bytes)
+_BLOCK = 1 << 23  # bytes: shorter runs are read in blocks of up to this many (their gaps included)
+
+
+def _aligned_empty(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array whose data is 64-byte aligned: JAX's CPU client then uses it
+    as the device buffer without a copy (and replicas on several CPU devices share it)."""
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start : start + n].view(dtype).reshape(shape)
+
+
+def _converted(host: np.ndarray, target: np.dtype) -> np.ndarray:
+    """`host` in `target` dtype, in an aligned buffer (see `_aligned_empty`)."""
+    if host.dtype == target and host.ctypes.data % 64 == 0:
+        return host
+    out = _aligned_empty(host.shape, target)
+    np.copyto(out, host, casting="unsafe")
+    return out
+
+
+def _preadinto(fd: int, buf: memoryview, offset: int, path: str) -> None:
+    got = 0
+    while got < len(buf):  # preadv may return short
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n <= 0:
+            raise CheckpointError(f"load_params: {path} is truncated (tensor data ends early)")
+        got += n
+
+
+def _run_offsets(entry: _SafetensorsEntry, bounds: list[tuple[int, int]]) -> tuple[np.ndarray, int]:
+    """The file offsets of the contiguous runs of the box `bounds` (row-major order) and their length."""
+    shape, item = entry.shape, entry.dtype.itemsize
+    # the last axis k whose range is partial: the axes after it are whole, so each run is contiguous
+    k = max((i for i, (a, b) in enumerate(bounds) if (a, b) != (0, shape[i])), default=0)
+    strides = [int(np.prod(shape[i + 1 :], dtype=np.int64)) * item for i in range(len(shape))]
+    run = (bounds[k][1] - bounds[k][0]) * strides[k] if shape else item
+    offsets = np.array([entry.start + (bounds[k][0] * strides[k] if shape else 0)], dtype=np.int64)
+    for i in reversed(range(k)):  # add each leading axis's positions (outer axes vary slowest)
+        steps = (np.arange(bounds[i][0], bounds[i][1], dtype=np.int64) * strides[i])[:, None]
+        offsets = (steps + offsets[None, :]).reshape(-1)
+    return offsets, run
+
+
+def _pread(entry: _SafetensorsEntry, bounds: list[tuple[int, int]]) -> np.ndarray:
+    """Read the box `bounds` of a row-major tensor from the file, without a memory map: one
+    `preadv` per contiguous run when runs are long; short runs (a column split) in blocks of
+    at most `_BLOCK` bytes, from which the runs are copied out."""
+    out = _aligned_empty([b - a for a, b in bounds], entry.dtype)
+    if out.size == 0:
+        return out
+    offsets, run = _run_offsets(entry, bounds)
+    flat = out.reshape(-1).view(np.uint8)
+    fd = os.open(entry.path, os.O_RDONLY)
+    try:
+        if run >= _RUN or len(offsets) == 1:
+            for n, offset in enumerate(offsets.tolist()):
+                _preadinto(fd, memoryview(flat[n * run : (n + 1) * run]), offset, entry.path)  # type: ignore[arg-type]
+            return out
+        rows = flat.reshape(len(offsets), run)
+        start = 0
+        while start < len(offsets):
+            stop = int(np.searchsorted(offsets, offsets[start] + _BLOCK - run, side="right"))
+            stop = max(stop, start + 1)
+            first, span = int(offsets[start]), int(offsets[stop - 1]) - int(offsets[start]) + run
+            block = np.empty(span, np.uint8)
+            _preadinto(fd, memoryview(block), first, entry.path)  # type: ignore[arg-type]
+            rel = offsets[start:stop] - first
+            gaps = np.diff(rel)
+            if len(gaps) and np.all(gaps == gaps[0]):  # evenly spaced: one strided copy
+                rows[start:stop] = np.lib.stride_tricks.as_strided(block, (stop - start, run), (int(gaps[0]), 1))
+            else:
+                for n, r in enumerate(rel.tolist()):
+                    rows[start + n] = block[r : r + run]
+            start = stop
+    finally:
+        os.close(fd)
+    return out
+
+
+def _safetensors_entries(path: Path) -> dict[str, Entry]:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"load_params: {path} is not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise CheckpointError(f"load_params: {path} is not a safetensors file (bad header)") from e
+    base = 8 + n
+    entries: dict[str, Entry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"load_params: {path}: {name} has dtype {info['dtype']}, which load_params cannot read"
+            )
+        entries[name] = _SafetensorsEntry(
+            str(path), base + int(info["data_offsets"][0]), tuple(info["shape"]), _SAFETENSORS_DTYPES[info["dtype"]]
+        )
+    return entries
+
+
+def _torch_entries(path: Path) -> dict[str, Entry]:
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # legacy (non-zip) format cannot be memory-mapped
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(
+            f"load_params: {path} is not a flat state dict (name -> tensor); pass the state dict's file "
+            "(`torch.save(model.state_dict(), path)`)"
+        )
+    from ..bridge.core._dtypes import _TORCH_TO_NP
+
+    return {k: _TorchEntry(v.detach(), tuple(v.shape), np.dtype(_TORCH_TO_NP[v.dtype])) for k, v in sd.items()}
+
+
+def checkpoint_entries(path: str | os.PathLike) -> dict[str, Entry]:
+    """Every tensor of a checkpoint (file or Hugging Face directory) by its name in the file;
+    reads headers only (safetensors) or memory-maps (torch)."""
+    p = Path(path)
+    if p.is_dir():
+        for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            if (p / index_name).exists():
+                files = sorted(set(json.loads((p / index_name).read_text())["weight_map"].values()))
+                out: dict[str, Entry] = {}
+                for f in files:
+                    out.update(checkpoint_entries(p / f))
+                return out
+        for single in ("model.safetensors", "pytorch_model.bin"):
+            if (p / single).exists():
+                return checkpoint_entries(p / single)
+        raise CheckpointError(
+            f"load_params: {p} holds no model.safetensors, pytorch_model.bin or their .index.json (a "
+            "Hugging Face model directory)"
+        )
+    if not p.exists():
+        raise CheckpointError(f"load_params: no such file or directory: {p}")
+    if p.suffix == ".safetensors":
+        return _safetensors_entries(p)
+    if p.suffix in (".bin", ".pt", ".pth"):
+        return _torch_entries(p)
+    raise CheckpointError(f"load_params: {p}: expected a .safetensors, .bin, .pt or .pth file, or a directory")
+
+
+# ---- names: the file's keys -> the model's names ----------------------------------------
+def _hf_renamer(model: torch.nn.Module, model_names: Mapping[str, Any]) -> Callable[[str], str]:
+    """Hugging Face's own key mapping for `model` (renamings, `_checkpoint_conversion_mapping`,
+    `base_model_prefix` added or stripped); identity for other modules."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.conversion_mapping import WeightRenaming, get_model_conversion_mapping
+        from transformers.core_model_loading import rename_source_key
+    except ImportError:  # pragma: no cover - transformers absent
+        return lambda k: k
+    if not isinstance(model, PreTrainedModel):
+        return lambda k: k
+    key_mapping = getattr(model, "_checkpoint_conversion_mapping", None) or None
+    transforms = get_model_conversion_mapping(model, key_mapping=key_mapping)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    prefix = getattr(model, "base_model_prefix", None) or None
+
+    def rename(key: str) -> str:
+        new, converter = rename_source_key(key, renamings, converters, prefix, dict(model_names))  # type: ignore[arg-type]
+        if converter is not None:
+            raise CheckpointError(
+                f"load_params: the key {key!r} needs transformers' weight conversion {converter!r} (tensors "
+                "merged or split), which load_params does not do; load with `from_pretrained` and `extract`"
+            )
+        return new
+
+    return rename
+
+
+def _all_names(module: torch.nn.Module) -> dict[str, str]:
+    """Every name `state_dict` would give (tied aliases included) -> the `named_state` name."""
+    first = {id(t): n for n, t in named_state(module).items()}
+    out: dict[str, str] = {}
+    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
+        for name, t in named:
+            if id(t) in first:
+                out[name] = first[id(t)]
+    return out
+
+
+def _split(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`extract`'s split (trainable params, state); before `split_state` existed, all params."""
+    split = getattr(_binding, "split_state", None)
+    if split is not None:
+        return split(module)
+    return named_state(module), {}
+
+
+# ---- placement ---------------------------------------------------------------------------
+def _resolve_sharding(
+    shardings: ShardingsLike, mesh: Mesh | None, rules: Rules, name: str, struct_: jax.ShapeDtypeStruct
+) -> Sharding:
+    if mesh is not None:
+        spec = spec_for(name, rules)
+        if len(spec) > len(struct_.shape):
+            raise ValueError(f"load_params: rule spec {spec} has more axes than {name} (shape {struct_.shape})")
+        return NamedSharding(mesh, spec)
+    chosen: Sharding | None
+    if shardings is None:
+        chosen = None
+    elif isinstance(shardings, Sharding):
+        chosen = shardings
+    elif isinstance(shardings, Mapping):
+        chosen = shardings.get(name)
+    else:
+        chosen = shardings(name, struct_)
+    return chosen if chosen is not None else SingleDeviceSharding(jax.local_devices()[0])
+
+
+def _build(
+    shape: tuple[int, ...], read: Callable[[Index], np.ndarray], target: np.dtype, sharding: Sharding
+) -> jax.Array:
+    """The global array of one tensor: each distinct slice this process's devices hold is
+    read once (`read(index)`), converted, and handed to JAX (replicas of it reuse it)."""
+    cache: dict[tuple, np.ndarray] = {}
+
+    def slice_for(index: Any) -> np.ndarray:
+        key = tuple(_bounds(index, shape))
+        host = cache.get(key)
+        if host is None:
+            host = cache[key] = _converted(read(index), target)
+        return host
+
+    # drop the slices once every local device has its copy
+    try:
+        return jax.make_array_from_callback(shape, sharding, slice_for, dtype=target)
+    finally:
+        cache.clear()
+
+
+def _target_dtype(t: torch.Tensor, dtype: Any) -> np.dtype:
+    model_dtype = np.dtype(to_jax_dtype(t.dtype))
+    if dtype is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
+        return np.dtype(dtype)
+    return model_dtype
+
+
+def load_params(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    *,
+    shardings: ShardingsLike = None,
+    mesh: Mesh | None = None,
+    rules: Rules = (),
+    dtype: Any = None,
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """Read a checkpoint into JAX arrays for `model`, each placed (and sharded) as it is read.
+
+    **Arguments:**
+    - `model`: the torch module the checkpoint is for, on any device, the meta device
+      included (only its names, shapes, dtypes and non-persistent buffers are used).
+    - `path`: a `.safetensors` file, a torch `.bin`/`.pt`/`.pth` state dict, or a Hugging Face
+      model directory (single file or shards with their `.index.json`).
+    - `shardings`: where each array goes: one `jax.sharding.Sharding` for all, a dict
+      name -> `Sharding`, or a function `(name, jax.ShapeDtypeStruct) -> Sharding | None`;
+      arrays left out go to this process's first device.
+    - `mesh`, `rules`: instead of `shardings`, `jaxtorch.train.shard`'s name rules
+      (`[(regex, PartitionSpec), ...]`, first match wins, unmatched replicated) on `mesh`.
+    - `dtype`: the dtype floating arrays get (e.g. `jnp.bfloat16`), converted slice by
+      slice; by default each array gets the model's dtype for it (as `load_state_dict` copies).
+
+    **Returns:** `(params, state)` split as `jaxtorch.extract` splits them: the trainable
+    parameters, and everything else (buffers, frozen parameters); non-persistent buffers are
+    the module's own values, or computed from its code when they are on the meta device.
+    Pass them as `fn(params, *args, state=state)` to the function of `extract(model)`.
+
+    Each process reads only the slices its own devices hold (in a multi-process run, its part).
+    Names missing from or unexpected in the file, and shapes that differ, raise one
+    `CheckpointKeysError` listing all of them.
+
+    **Example:**
+        ```python
+        rules = [(r"mlp\\.up_proj\\.weight$", P("model"))]
+        params, state = jaxtorch.load_params(model, "ckpt/", mesh=mesh, rules=rules)
+        ```
+    """
+    entries = checkpoint_entries(path)
+    params_t, state_t = _split(model)
+    tensors = {**params_t, **state_t}
+    skip = non_persistent_names(model)
+    wanted = {n for n in tensors if n not in skip}
+    names = _all_names(model)
+    rename = _hf_renamer(model, {n: True for n in names})
+    found: dict[str, str] = {}  # model name -> file key
+    unexpected: list[str] = []
+    for key in entries:
+        name = names.get(key) or names.get(rename(key))
+        if name is None or name in skip:
+            unexpected.append(key)
+        elif name not in found:
+            found[name] = key
+    missing = sorted(wanted - set(found))
+    mismatched = {
+        n: (entries[k].shape, tuple(tensors[n].shape))
+        for n, k in found.items()
+        if tuple(entries[k].shape) != tuple(tensors[n].shape)
+    }
+    if missing or unexpected or mismatched:
+        raise CheckpointKeysError(str(path), missing, sorted(unexpected), mismatched)
+
+    def _resolve(name: str, struct_: jax.ShapeDtypeStruct) -> Sharding:
+        return _resolve_sharding(shardings, mesh, rules, name, struct_)
+
+    arrays: dict[str, jax.Array] = {}
+    for name, key in found.items():
+        target = _target_dtype(tensors[name], dtype)
+        struct_ = jax.ShapeDtypeStruct(entries[key].shape, target)
+        arrays[name] = _build(entries[key].shape, entries[key].read, target, _resolve(name, struct_))
+    for name, t in computed_buffers(model, [n for n in tensors if n in skip]).items():
+        target = _target_dtype(t, dtype)
+        struct_ = jax.ShapeDtypeStruct(tuple(t.shape), target)
+        host = np.asarray(tensor_to_jax(t))  # computed, not read: never counted as file bytes
+        arrays[name] = _build(struct_.shape, host.__getitem__, target, _resolve(name, struct_))
+    return {n: arrays[n] for n in params_t}, {n: arrays[n] for n in state_t}
+
+
+__all__ = ["CheckpointKeysError", "checkpoint_entries", "load_params", "read_slice"]
