@@ -165,6 +165,6 @@ class StateWriteError(JaxtorchError):
             f"The forward of {owner} writes in place to `{name}` (shape {shape}, dtype {dtype}), but this function "
             "returns only the output (`jaxtorch.extract(model)` without `mutable=True`, or a `TorchModule`), so "
             "the new value would be lost (BatchNorm's running statistics in train mode, a counter buffer). Use "
-            "`params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns `(output, new_params)`; or put "
+            "`params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns `(output, new_state)`; or put "
             "the module in eval mode (`model.eval()`) if the statistics should not change."
         )
