@@ -56,8 +56,11 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
 
     **Example:**
         ```python
-        cache = static_cache(model, batch_size=1, max_cache_len=64)
-        out = jax.jit(fn)(params, ids, cache=cache)     # out.cache: the filled cache
+        import jax, jax.numpy as jnp, jaxtorch
+
+        params, fn = jaxtorch.extract(model)  # model: a Hugging Face causal LM in eval mode
+        cache = jaxtorch.generation.static_cache(model, batch_size=1, max_cache_len=64)
+        out = jax.jit(fn)(params, jnp.array([[5, 6, 7]]), cache=cache)  # out.cache: the filled cache
         ```
     """
     from transformers.cache_utils import StaticCache
@@ -105,8 +108,8 @@ def stop_tokens(model: torch.nn.Module, eos_token_id: Any = _FROM_MODEL, pad_tok
 
     **Example:**
         ```python
-        eos, pad = stop_tokens(model)                   # e.g. ((2,), 2) for a LlamaConfig's defaults
-        eos, pad = stop_tokens(model, eos_token_id=None)  # ((), None): decode max_new_tokens tokens
+        eos, pad = jaxtorch.generation.stop_tokens(model)  # ((2,), 2) for a LlamaConfig's defaults
+        eos, pad = jaxtorch.generation.stop_tokens(model, eos_token_id=None)  # ((), None): nothing ends
         ```
     """
     config: Any = getattr(model, "generation_config", None)
@@ -151,11 +154,13 @@ def greedy_decoder(
 
     **Example:**
         ```python
+        import jaxtorch, torch, transformers
+
         config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                           vocab_size=256, num_attention_heads=4)
-        model = transformers.LlamaForCausalLM(config).eval()
-        decode = greedy_decoder(model, max_cache_len=64)
-        new = decode(torch.tensor([[1, 2, 3]]), max_new_tokens=16)  # stops at config.eos_token_id (2)
+        model = transformers.LlamaForCausalLM(config).eval()  # eval: no dropout, as generate
+        decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=64)
+        new = decode(torch.tensor([[1, 5, 3]]), max_new_tokens=16)  # ends at config.eos_token_id (2)
         ```
     """
     eos, pad_id = stop_tokens(model, eos_token_id, pad_token_id)
@@ -193,6 +198,13 @@ def greedy_decoder(
 
     def decode(input_ids, max_new_tokens: int) -> jax.Array:
         ids = to_jax(input_ids) if isinstance(input_ids, torch.Tensor) else jnp.asarray(input_ids)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"greedy_decoder: `max_new_tokens` must be a positive int; got {max_new_tokens!r}")
+        if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ValueError(
+                f"greedy_decoder: `input_ids` must be integer token ids of shape (batch, length); got "
+                f"{ids.dtype} {tuple(ids.shape)}"
+            )
         if ids.shape[1] + max_new_tokens > max_cache_len:
             raise ValueError(
                 f"greedy_decoder: a prompt of {ids.shape[1]} tokens plus {max_new_tokens} new ones "

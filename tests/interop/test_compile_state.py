@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import textwrap
 
 import jax
 import numpy as np
@@ -305,6 +306,11 @@ def test_greedy_decoder_refuses_a_prompt_holding_the_pad_id_and_bad_ids(llama, b
             jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS, eos_token_id=bad)
     with pytest.raises(ValueError, match="one token id"):
         jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS, pad_token_id=[1, 2])
+    for steps in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            decode(batch, steps)
+    with pytest.raises(ValueError, match="token ids of shape"):
+        decode(batch[0], 4)
 
 
 class _Running:  # a plain class of the user's, not registered anywhere
@@ -336,3 +342,17 @@ def test_a_write_to_a_closed_over_cpu_tensor_raises():
     with pytest.raises(StateWriteError, match="`counter`"):
         f(torch.ones(2))
     assert float(counter) == 0.0
+
+
+def test_the_generation_docstring_examples_run_on_a_model_built_from_a_config():
+    import re
+
+    gen = jaxtorch.generation
+    docs = [gen.__doc__, gen.greedy_decoder.__doc__, gen.static_cache.__doc__, gen.stop_tokens.__doc__]
+    namespace: dict = {}
+    for doc in docs:  # in this order, each after the one defining `model`
+        (code,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+        exec(textwrap.dedent(code), namespace)
+    assert namespace["tokens"].shape[0] == 2 and namespace["tokens"].shape[1] <= 32
+    assert namespace["out"].logits.shape == (1, 3, 256)
+    assert (namespace["eos"], namespace["pad"]) == ((), None)
