@@ -65,7 +65,7 @@ def torch_generate(model, ids, new: int, threads: int, cache: str | None):
 
 
 def jaxtorch_scan(model, ids, new: int):
-    decode = greedy_decoder(model, max_cache_len=ids.shape[1] + new)
+    decode = greedy_decoder(model, max_cache_len=ids.shape[1] + new, eos_token_id=None)  # as min_new_tokens=new
 
     def run():
         return torch.from_numpy(np.asarray(decode(ids, new)).astype(np.int64))

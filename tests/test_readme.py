@@ -43,3 +43,10 @@ def test_readme_block_runs_as_written(code, tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, f"README block failed:\n{code}\n--- stderr ---\n{out.stderr[-4000:]}"
+
+
+def test_every_notebook_is_listed():
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    readme = (ROOT / "README.md").read_text()
+    missing = [n for n in notebooks if f"[{n}](notebooks/{n}.ipynb)" not in readme]
+    assert notebooks and not missing, f"README.md's notebook table lacks {missing}"

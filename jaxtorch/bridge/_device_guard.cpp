@@ -5,9 +5,9 @@
 // that one (one device, index 0; streams and events are no-ops: JAX orders its own work)
 // without calling into Python.
 //
-// Built when jaxtorch is installed (setup.py: `pip install -r requirements.txt` / `pip install .`)
-// as the module `jaxtorch.bridge._device_guard`; `jaxtorch/bridge/tensor/_device.py` builds it with
-// torch's cpp_extension at import only if that module is missing or was built for another torch.
+// Compiled by the first `import jaxtorch` (`jaxtorch/bridge/tensor/_device.py`, with torch's
+// cpp_extension) into a per-user cache keyed by torch's version and this file's hash; the wheel
+// itself is pure Python.
 // JAXTORCH_TORCH_VERSION is torch.__version__ unquoted (stringified here, so no shell quoting).
 // Only c10 and Python's C API are included (not <torch/extension.h>), so it compiles in seconds.
 #include <Python.h>

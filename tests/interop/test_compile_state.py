@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import textwrap
 
 import jax
 import numpy as np
@@ -214,12 +215,106 @@ def test_a_traced_tensor_stored_on_a_module_raises_and_the_module_is_restored():
 
 
 def test_greedy_decoder_is_one_program_with_torchs_tokens(llama, prompt, torch_tokens):
+    # the config's end-of-sequence id, 0, is never the greedy choice here (the prompt's ids are >= 1 too),
+    # so torch's generate also gives all STEPS tokens: the decoder's default (the config's id) is in force
+    generated = llama.generate(prompt, max_new_tokens=STEPS, do_sample=False)[0, PROMPT:].tolist()
+    assert llama.generation_config.eos_token_id == 0 and 0 not in torch_tokens and generated == torch_tokens
     decode = jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS)
     assert np.asarray(decode(prompt, STEPS))[0].tolist() == torch_tokens
     decode(prompt, STEPS)
     assert decode.compilations == 1
     with pytest.raises(ValueError, match="max_cache_len"):
         decode(prompt, STEPS + 1)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Three prompts whose greedy continuations (no end-of-sequence id) differ."""
+    return torch.randint(1, 64, (3, PROMPT), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.fixture(scope="module")
+def endless(llama, batch):
+    """generate's greedy tokens for `batch` with nothing ending a sequence."""
+    return llama.generate(batch, max_new_tokens=STEPS, do_sample=False, eos_token_id=None)[:, PROMPT:]
+
+
+def _first_ends(tokens: torch.Tensor, eos: list[int]) -> list[int]:
+    """Per row, the step of its first end-of-sequence token (len(row) when none)."""
+    hits = torch.isin(tokens, torch.tensor(eos))
+    return [int(row.nonzero()[0]) if row.any() else tokens.shape[1] for row in hits]
+
+
+def _stops(endless: torch.Tensor) -> list[int]:
+    """End-of-sequence ids, one per row, that end the three rows at three different steps."""
+    eos = [int(endless[0, 3]), int(endless[1, 8]), int(endless[2, 5])]
+    ends = _first_ends(endless, eos)
+    assert len(set(ends)) == 3 and max(ends) < STEPS - 1, (eos, ends)  # the data this test needs
+    return eos
+
+
+# how each case sets the stop tokens (`eos`; `pad`, an id in no prompt: generate would mask it out) on
+# the model's generation config, or as arguments (to both `generate` and `greedy_decoder`); "row 0 only"
+# ends one row, so decoding runs all STEPS steps
+_EOS_CASES = {
+    "config list, pad from eos": lambda eos, pad: ({"eos_token_id": eos}, {}),
+    "config int, arguments override with a list and a pad": lambda eos, pad: (
+        {"eos_token_id": 0},
+        {"eos_token_id": eos, "pad_token_id": pad},
+    ),
+    "config pad id": lambda eos, pad: ({"eos_token_id": eos[::-1], "pad_token_id": pad}, {}),
+    "row 0 only": lambda eos, pad: ({}, {"eos_token_id": eos[0]}),
+    "None disables the config's": lambda eos, pad: ({"eos_token_id": eos}, {"eos_token_id": None}),
+}
+
+
+@pytest.mark.parametrize("case", list(_EOS_CASES))
+def test_greedy_decoder_stops_each_sequence_at_eos_and_pads_as_generate(llama, batch, endless, case):
+    eos = _stops(endless)
+    pad = max(set(range(1, 64)) - set(batch.flatten().tolist()) - set(eos))
+    config, kwargs = _EOS_CASES[case](eos, pad)
+    model = copy.deepcopy(llama)
+    for name, value in config.items():
+        setattr(model.generation_config, name, value)
+    expected = model.generate(batch, max_new_tokens=STEPS, do_sample=False, **kwargs)[:, PROMPT:]
+    decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=PROMPT + STEPS, **kwargs)
+    tokens = decode(batch, STEPS)
+    assert tokens.shape == tuple(expected.shape)  # generate stops when every sequence has ended
+    np.testing.assert_array_equal(np.asarray(tokens), expected.numpy())
+    assert decode.compilations == 1
+    np.testing.assert_array_equal(np.asarray(decode(batch, STEPS)), expected.numpy())
+    assert decode.compilations == 1  # one program: prefill and the early-exiting loop
+
+
+def test_greedy_decoder_ends_when_every_sequence_has_ended(llama, batch, endless):
+    eos = _stops(endless)
+    decode = jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS, eos_token_id=eos)
+    tokens = np.asarray(decode(batch, STEPS))
+    ends = _first_ends(endless, eos)
+    assert tokens.shape == (3, max(ends) + 1)
+    for row, end in enumerate(ends):  # each row: the greedy tokens up to its end token, then the pad id (eos[0])
+        assert tokens[row, : end + 1].tolist() == endless[row, : end + 1].tolist()
+        assert (tokens[row, end + 1 :] == eos[0]).all()
+
+
+def test_greedy_decoder_refuses_a_prompt_holding_the_pad_id_and_bad_ids(llama, batch):
+    # generate would treat pad ids in the prompt as padding (an attention mask the decoder does not take)
+    padded = batch.clone()
+    padded[0, 0] = 63
+    decode = jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS, pad_token_id=63)
+    assert 63 != llama.generation_config.eos_token_id
+    with pytest.raises(ValueError, match="contains the pad token 63"):
+        decode(padded, 4)
+    for bad in (-1, "2", [1.5], True):
+        with pytest.raises(ValueError, match="eos_token_id"):
+            jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS, eos_token_id=bad)
+    with pytest.raises(ValueError, match="one token id"):
+        jaxtorch.generation.greedy_decoder(llama, max_cache_len=PROMPT + STEPS, pad_token_id=[1, 2])
+    for steps in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            decode(batch, steps)
+    with pytest.raises(ValueError, match="token ids of shape"):
+        decode(batch[0], 4)
 
 
 class _Running:  # a plain class of the user's, not registered anywhere
@@ -252,3 +347,17 @@ def test_a_write_to_a_closed_over_cpu_tensor_is_written_back():
     f(torch.ones(2))
     f(torch.ones(2))
     assert float(counter) == 2.0 and type(counter) is torch.Tensor
+
+
+def test_the_generation_docstring_examples_run_on_a_model_built_from_a_config():
+    import re
+
+    gen = jaxtorch.generation
+    docs = [gen.__doc__, gen.greedy_decoder.__doc__, gen.static_cache.__doc__, gen.stop_tokens.__doc__]
+    namespace: dict = {}
+    for doc in docs:  # in this order, each after the one defining `model`
+        (code,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+        exec(textwrap.dedent(code), namespace)
+    assert namespace["tokens"].shape[0] == 2 and namespace["tokens"].shape[1] <= 32
+    assert namespace["out"].logits.shape == (1, 3, 256)
+    assert (namespace["eos"], namespace["pad"]) == ((), None)

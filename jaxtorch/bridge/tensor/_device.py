@@ -7,8 +7,15 @@ physical placement, or sharding, is the JAX array's own.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.machinery
+import importlib.util
 import os
+import shutil
 import sys
+import sysconfig
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -21,62 +28,121 @@ from ._device_module import DEVICE_MODULE
 DEVICE_TYPE = "jax"
 
 
-_JIT_NAME = "jaxtorch_device_guard_c10"
+_GUARD_NAME = "jaxtorch_device_guard"
+_GUARD_SOURCE = Path(__file__).parent.parent / "_device_guard.cpp"
 
 
-def _prebuilt_guard():
-    """The guard module built at install time (setup.py), or None if missing or built for another torch."""
+def guard_cache_dir() -> Path:
+    """Where the compiled C++ device guard is kept: one folder per torch version, Python and guard source.
+
+    `$JAXTORCH_CACHE_DIR`, else `$XDG_CACHE_HOME/jaxtorch`, else `~/.cache/jaxtorch`, then
+    `device_guard/torch-<version>-<python>-<hash>` (the hash covers the source, torch's version, Python
+    and the platform), so a new torch or a changed source compiles afresh and never loads a stale build.
+
+    **Example:**
+        ```python
+        guard_cache_dir()  # ~/.cache/jaxtorch/device_guard/torch-2.13.0+cpu-cpython-311-1a2b3c4d5e6f7a8b
+        ```
+    """
+    root = os.environ.get("JAXTORCH_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "jaxtorch"
+    )
+    key = hashlib.sha256(_GUARD_SOURCE.read_bytes())
+    key.update(f"{torch.__version__} {sys.implementation.cache_tag} {sysconfig.get_platform()}".encode())
+    tag = f"torch-{torch.__version__}-{sys.implementation.cache_tag}-{key.hexdigest()[:16]}"
+    return Path(root, "device_guard", tag)
+
+
+def _import_guard(path: Path):
+    """The guard module compiled at `path`, checked to be the one built for this torch."""
+    spec = importlib.util.spec_from_file_location(_GUARD_NAME, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if module.TORCH_VERSION != torch.__version__:
+        raise ImportError(f"{path} was built for torch {module.TORCH_VERSION}, not {torch.__version__}")
+    return module
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    """Hold an exclusive lock on the file `lock` (released if the process dies), where `fcntl` exists."""
     try:
-        from .. import _device_guard
-    except ImportError:  # not built (a source checkout without `pip install -e .`), or it does not link
-        return None
-    return _device_guard if _device_guard.TORCH_VERSION == torch.__version__ else None
+        import fcntl
+    except ImportError:  # Windows: no lock; a concurrent compile there only repeats the work
+        yield
+        return
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _build_guard_now():
-    """Compile the guard with torch's cpp_extension (cached in its build directory), saying so first."""
-    from torch.utils.cpp_extension import _get_build_directory, load
+def _compile_guard(directory: Path, target: Path):
+    """Compile the guard into `target` with torch's cpp_extension, one process at a time, saying so once.
 
-    src = Path(__file__).parent.parent / "_device_guard.cpp"
-    built = Path(_get_build_directory(_JIT_NAME, False)) / f"{_JIT_NAME}.so"
-    if not built.exists() or built.stat().st_mtime < src.stat().st_mtime:
+    Another process compiling into the same cache (pytest-xdist workers) waits on the lock and then
+    loads its result. The build runs in a private folder and the library is moved into place
+    atomically, so an interrupted build leaves nothing half-written to load.
+    """
+    from torch.utils.cpp_extension import load
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with _exclusive(directory / "lock"):
+        if target.exists():  # compiled by another process while this one waited
+            return _import_guard(target), "cached"
         # measured: 12-13 s on 2 cores shared with many busy processes (load ~16); less on a quiet machine
         print(
-            f"jaxtorch: compiling its C++ device guard once (at most about 15 s; cached in "
-            f"{built.parent}); `pip install -e .` builds it at install time instead",
+            f"jaxtorch: compiling its C++ device guard once for torch {torch.__version__} (at most about 15 s; "
+            f"cached in {directory})",
             file=sys.stderr,
             flush=True,
         )
-    return load(_JIT_NAME, [str(src)], extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch.__version__}"])
+        build = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
+        try:
+            load(
+                _GUARD_NAME,
+                [str(_GUARD_SOURCE)],
+                build_directory=str(build),
+                extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch.__version__}"],
+            )
+            built = next(build.glob(f"{_GUARD_NAME}*.so"), None) or next(build.glob(f"{_GUARD_NAME}*.pyd"))
+            os.replace(built, target)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+        return _import_guard(target), "compiled"
 
 
 def _load_cpp_guard() -> str:
-    """Register the C++ device guard; returns where it came from: `"prebuilt"`, `"built at import"` or `""`.
+    """Register the C++ device guard; returns `"cached"`, `"compiled"` (at this import) or `""` (none).
 
-    The install (`pip install -r requirements.txt`, setup.py) builds it as `jaxtorch.bridge._device_guard`;
-    a checkout without that module, or one built for another torch version, compiles it here once.
-    `JAXTORCH_PYTHON_GUARD=1` keeps torch's Python guard.
+    The guard is compiled on first import into `guard_cache_dir()` (printing one line) and loaded from
+    there afterwards. Without a C++ compiler (or ninja, which torch's cpp_extension uses) it warns once and
+    torch's Python guard stays. `JAXTORCH_PYTHON_GUARD=1` keeps torch's Python guard without trying.
     """
     if os.environ.get("JAXTORCH_PYTHON_GUARD"):
         return ""
-    module = _prebuilt_guard()
-    if module is not None:
-        module.register_guard()
-        return "prebuilt"
     try:
-        _build_guard_now().register_guard()
-        return "built at import"
+        directory = guard_cache_dir()
+        target = directory / f"{_GUARD_NAME}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+        module, how = (_import_guard(target), "cached") if target.exists() else _compile_guard(directory, target)
+        module.register_guard()
+        return how
     except Exception as e:  # no compiler: the Python guard still works, errors in backward abort
         warnings.warn(
             f"jaxtorch could not build its C++ device guard ({type(e).__name__}: {e}); an exception raised "
-            "inside loss.backward() on the jax device will abort the process. Install a C++ compiler to fix this.",
+            "inside loss.backward() on the jax device will abort the process. Install a C++ compiler and ninja "
+            "(`pip install ninja`) to fix this, or set JAXTORCH_PYTHON_GUARD=1 to silence this warning.",
             stacklevel=2,
         )
         return ""
 
 
-# Where the C++ device guard came from: "prebuilt" (the install built it), "built at import", or "" (none:
-# torch's Python guard is used).
+# Where the C++ device guard came from: "cached" (compiled by an earlier import), "compiled" (by this
+# import), or "" (none: torch's Python guard is used).
 CPP_GUARD: str = ""
 
 
