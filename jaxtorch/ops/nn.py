@@ -1168,6 +1168,9 @@ def one_hot(self, num_classes=-1):
     return (self[..., None] == jnp.arange(num_classes, dtype=self.dtype)).astype(canonical_int())
 
 
+keep_whole(aten.one_hot.default)  # else torch decomposes it (and skips its checks on this backend)
+
+
 # ---- pixel shuffle, fold / unfold -------------------------------------------------------------
 @register(aten.pixel_shuffle.default)
 def pixel_shuffle(self, upscale_factor):

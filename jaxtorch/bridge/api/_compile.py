@@ -65,7 +65,7 @@ from typing import Any, cast
 import jax
 import torch
 
-from ..core import _random
+from ..core import _checks, _random
 from ..core._errors import StateWriteError
 from ..state._binding import Binding, named_state
 from ..state._holders import ArgState, Holders
@@ -138,7 +138,7 @@ class Compiled:
             self._aux[key] = aux
             return out, changed, written, new
 
-        prog = jax.jit(traced)
+        prog = _checks.jit(traced)  # (checkified in checked mode: `_checks.ON` is in the key)
         self._programs[key] = prog
         return prog
 
@@ -166,7 +166,7 @@ class Compiled:
             self._aux[key] = aux
             return out, new_state, written, new
 
-        prog = jax.jit(traced)
+        prog = _checks.jit(traced)  # (checkified in checked mode: `_checks.ON` is in the key)
         self._programs[key] = prog
         return prog
 
@@ -174,7 +174,7 @@ class Compiled:
         argstate = ArgState.of(args, kwargs)
         holders_objs = self._state_objects + argstate.holders()
         dyn = argstate.arrays()
-        key = (argstate.key(dyn), self._module.training if self._module is not None else None)
+        key = (argstate.key(dyn), self._module.training if self._module is not None else None, _checks.ON[0])
         if rng is None:  # the eager generator, only for programs that draw (or not traced yet)
             rng = _random._eager_key() if self._random.get(key, True) else _no_key()
         if holders_objs:

@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +35,8 @@ import numpy as np
 from jax.experimental import checkify
 
 ON: list[bool] = [os.environ.get("JAXTORCH_CHECKS", "0") not in ("", "0")]  # (read on the hot path)
-_local = threading.local()
+_FUNCTIONALIZED = [0]  # programs being traced under `checkify` (process-wide: torch runs a
+# backward on its own autograd thread, inside the same trace)
 _TYPES: dict[str, type[Exception]] = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 _SEP = "|"  # between the error type's name and the message inside a checkify message
 
@@ -106,7 +106,7 @@ def check(ok: Any, values: Any, error: type[Exception], message: str) -> None:
     ok = jnp.asarray(ok)
     values = jnp.broadcast_to(jnp.asarray(values), ok.shape).reshape(-1)
     first = values[jnp.argmin(ok.reshape(-1))] if ok.size else jnp.zeros((), values.dtype)
-    if getattr(_local, "functionalized", 0):
+    if _FUNCTIONALIZED[0]:
         checkify.check(jnp.all(ok), f"{error.__name__}{_SEP}{message}", value=first)
     else:
         jax.debug.callback(_raise_if, jnp.all(ok), first, error=error, message=message)
@@ -149,11 +149,11 @@ def functionalized(fn: Callable) -> Callable:
     """`fn` with `check` emitting `checkify.check`s while it is traced (for `checkify.checkify`)."""
 
     def traced(*args, **kwargs):
-        _local.functionalized = getattr(_local, "functionalized", 0) + 1
+        _FUNCTIONALIZED[0] += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            _local.functionalized -= 1
+            _FUNCTIONALIZED[0] -= 1
 
     return traced
 

@@ -514,6 +514,13 @@ def _cpu_write(func, dst) -> None:
 def _local_scalar_dense(ex, args, kwargs):
     a = args[0]._concrete("Tensor.item() / bool() / int() / float()")
     if isinstance(a, _Tracer):
+        if torch.is_anomaly_enabled():
+            raise DataDependentError(
+                aten._local_scalar_dense.default,
+                "anomaly mode (`torch.autograd.set_detect_anomaly`) reads every gradient's values to look for NaNs, "
+                "which a traced backward cannot: turn it on outside jax.jit/jaxtorch.jit (it works eagerly and "
+                "lazily), or use JAX's own `jax.config.update('jax_debug_nans', True)` under jit.",
+            )
         raise DataDependentError(aten._local_scalar_dense.default, "`.item()`/`bool()`/`int()` of a traced tensor.")
     return np.asarray(a).item()
 
