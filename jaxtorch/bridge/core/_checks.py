@@ -95,13 +95,13 @@ def check(ok: Any, values: Any, error: type[Exception], message: str) -> None:
         return
     if isinstance(ok, bool):
         if not ok:
-            raise error(message.format(value=values))
+            raise _torch_error(error, message.format(value=values))
         return
     if not isinstance(ok, jax.core.Tracer) and not isinstance(values, jax.core.Tracer):
         ok_np = np.asarray(ok)
         if not ok_np.all():
             vals = np.broadcast_to(np.asarray(values), ok_np.shape)
-            raise error(message.format(value=_py(vals[~ok_np].flat[0])))
+            raise _torch_error(error, message.format(value=_py(vals[~ok_np].flat[0])))
         return
     ok = jnp.asarray(ok)
     values = jnp.broadcast_to(jnp.asarray(values), ok.shape).reshape(-1)
@@ -110,6 +110,13 @@ def check(ok: Any, values: Any, error: type[Exception], message: str) -> None:
         checkify.check(jnp.all(ok), f"{error.__name__}{_SEP}{message}", value=first)
     else:
         jax.debug.callback(_raise_if, jnp.all(ok), first, error=error, message=message)
+
+
+def _torch_error(error: type[Exception], message: str) -> Exception:
+    """`error(message)`, marked as torch's own (dispatch then looks no further for one)."""
+    e = error(message)
+    e._jaxtorch_torch_error = True  # type: ignore[attr-defined]
+    return e
 
 
 def _py(v: Any) -> Any:
@@ -167,7 +174,7 @@ def rethrow(err: checkify.Error) -> None:
     name, sep, message = first.partition(_SEP)
     if not sep or name not in _TYPES:
         err.throw()
-    raise _TYPES[name](message)
+    raise _torch_error(_TYPES[name], message)
 
 
 def jit(fn: Callable, **jit_kwargs) -> Callable:
