@@ -15,7 +15,8 @@ PyTorch-first (the two-line change):
     ```
 Lazy (torch_xla style): `jaxtorch.enable_globally(lazy=True)` or `with jaxtorch.lazy():`
 records ops and runs each step as one cached XLA program at `jaxtorch.xla.mark_step()`.
-Also: `compile`/`jit` (torch-first jit), `export`, `register_op`, `register_object` (a
+Also: `checks()` (torch's IndexError/RuntimeError for out-of-range indices and integer
+division by zero, opt-in), `compile`/`jit` (torch-first jit), `export`, `register_op`, `register_object` (a
 class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the submodules
 `train` (optax steps, sharding, checkpoints), `generation` (compiled greedy decoding),
 `coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
@@ -26,6 +27,7 @@ from .bridge.api._compile import Compiled, compile, jit
 from .bridge.api._export import export
 from .bridge.api._jax_first import TorchModule, call_torch, extract, torch_module_to_jax
 from .bridge.api._jax_module import JaxModule
+from .bridge.core._checks import checks
 from .bridge.core._errors import (
     DataDependentError,
     DeviceMismatchError,
@@ -57,6 +59,7 @@ __all__ = [
     "compile",
     "jit",
     "call_torch",
+    "checks",
     "default_env",
     "disable_globally",
     "enable_globally",

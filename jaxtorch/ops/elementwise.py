@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..bridge.core._checks import check_nonzero_divisor
 from ..bridge.core._dtypes import x64_enabled
 from ._semantics import (
     ALWAYS_BOOL,
@@ -152,6 +153,7 @@ def _true_div(a, b):
 
 def _trunc_div(a, b):
     if _is_int(a) and _is_int(b):
+        check_nonzero_divisor(b, integer=True)
         ref = _first_array(a, b)
         return lax.div(*jnp.broadcast_arrays(_like(a, ref), _like(b, ref)))
     return jnp.trunc(a / b)
@@ -173,6 +175,7 @@ def _floor_div(a, b):
     if _is_int(a) and _is_int(b):
         if _is_bool(a) and (_is_bool(b) or isinstance(b, bool)):
             raise RuntimeError("\"div_floor_cpu\" not implemented for 'Bool'")
+        check_nonzero_divisor(b, integer=True)
         return jnp.floor_divide(a, b)
     return _floor_div_float(a, b)
 
@@ -214,6 +217,7 @@ def floor_divide(a, b):
 def remainder(a, b):
     """Python's modulus: the result has the sign of the divisor."""
     if _is_int(a) and _is_int(b):
+        check_nonzero_divisor(b, integer=True)
         return jnp.remainder(a, b)
     ref = _first_array(a, b)
     a, b = jnp.broadcast_arrays(_like(a, ref), _like(b, ref))
@@ -225,6 +229,7 @@ def remainder(a, b):
 @elementwise(DEFAULT)
 def fmod(a, b):
     """C's fmod: the result has the sign of the dividend."""
+    check_nonzero_divisor(b, integer=_is_int(a) and _is_int(b))
     ref = _first_array(a, b)
     return lax.rem(*jnp.broadcast_arrays(_like(a, ref), _like(b, ref)))
 

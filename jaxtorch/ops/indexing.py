@@ -8,8 +8,9 @@ Index semantics follow torch:
   shape: it works eagerly and raises `DataDependentError` under `jax.jit`. Writes through a
   mask (`x[mask] = v`, `index_put`, `masked_scatter`) keep the shape and stay jit-friendly.
 
-Out-of-range indices are not checked (an XLA gather cannot raise): reads clamp them into
-range, writes (`index_put`, `scatter`, `put`, `index_add`, ...) drop them. Torch raises instead.
+Out-of-range indices are not checked by default (an XLA gather cannot raise): reads clamp them
+into range, writes (`index_put`, `scatter`, `put`, `index_add`, ...) drop them. Torch raises
+instead; so does jaxtorch in checked mode (`jaxtorch.checks()`, see `bridge/core/_checks.py`).
 
 Example:
     ```python
@@ -26,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..bridge.core._checks import ON as _CHECKS
+from ..bridge.core._checks import check_index
 from ..bridge.core._dtypes import canonical_int
 from ._semantics import canon_dim, category, is_array, result_type
 from .registry import register
@@ -36,6 +39,39 @@ aten = torch.ops.aten
 # ---- helpers --------------------------------------------------------------------------------
 def _is_mask(ix) -> bool:
     return ix is not None and ix.dtype in (np.bool_, np.uint8)
+
+
+_OUT_OF_BOUNDS = "index {value} is out of bounds for dimension %d with size %d"
+
+
+def _check_indices(a, indices: Sequence) -> None:
+    """Checked mode: torch's `IndexError` for an out-of-range advanced index (torch names the
+    index's position among the given indices as its dimension)."""
+    if not _CHECKS[0]:
+        return
+    dim, given = 0, 0
+    for ix in indices:
+        if ix is not None and not _is_mask(ix):
+            check_index(ix, a.shape[dim], IndexError, _OUT_OF_BOUNDS % (given, a.shape[dim]))
+        dim += 1 if ix is None or not _is_mask(ix) else ix.ndim
+        given += ix is not None
+
+
+def _flat_message(n: int) -> str:
+    """`take`/`put`'s out-of-range message (torch's)."""
+    return "out of range: tried to access index {value} on a tensor of " + str(n) + " elements."
+
+
+def _check_along(a, dim: int, index, error: type[Exception] = RuntimeError) -> None:
+    """Checked mode: torch's error for an index out of range along `dim` (gather/scatter)."""
+    if _CHECKS[0]:
+        check_index(index, a.shape[dim], error, _OUT_OF_BOUNDS % (dim, a.shape[dim]), negative=False)
+
+
+def _check_select(a, dim: int, index) -> None:
+    """Checked mode: `index_select`/`embedding`'s `IndexError: index out of range in self`."""
+    if _CHECKS[0]:
+        check_index(index, a.shape[dim], IndexError, "index out of range in self", negative=False)
 
 
 def _index_tuple(indices: Sequence) -> tuple:
@@ -137,6 +173,7 @@ def _1d(x):
 )
 def index(a, indices):
     """`x[i, :, j]` with tensor indices (what `aten.index` gets; `None` marks a full slice)."""
+    _check_indices(a, indices)
     return a[_index_tuple(indices)]
 
 
@@ -185,6 +222,7 @@ def index_put(a, indices, values, accumulate=False, unsafe=False):
     k = _single_mask(indices)
     if k is not None:
         return _mask_put(a, k, indices[k], values, accumulate)
+    _check_indices(a, indices)
     idx = _index_tuple(indices)
     if accumulate:
         return _reduce_into(a, idx, values, "sum")
@@ -209,6 +247,7 @@ def unsafe_masked_index_put_accumulate(a, mask, indices, values):
 @_with_1d
 def index_select(a, dim, index):
     """`x.index_select(1, idx)`."""
+    _check_select(a, dim, index)
     return (
         jnp.take(a, _1d(index), axis=dim, mode="clip")
         if a.size
@@ -219,6 +258,13 @@ def index_select(a, dim, index):
 @register(aten.take.default)
 def take(a, index):
     """`torch.take(x, idx)`: index the flattened tensor; the result has `idx`'s shape."""
+    if _CHECKS[0]:
+        check_index(
+            index,
+            a.size,
+            IndexError,
+            _flat_message(a.size),
+        )
     return a.reshape(-1)[index]
 
 
@@ -226,6 +272,8 @@ def take(a, index):
 def put(a, index, source, accumulate=False):
     """`x.put(idx, src, accumulate)` on the flattened tensor."""
     flat, idx, src = a.reshape(-1), index.reshape(-1), source.reshape(-1)
+    if _CHECKS[0]:
+        check_index(idx, a.size, IndexError, _flat_message(a.size))
     out = _reduce_into(flat, (idx,), src, "sum") if accumulate else flat.at[idx].set(src.astype(a.dtype))
     return out.reshape(a.shape)
 
@@ -235,6 +283,7 @@ def put(a, index, source, accumulate=False):
 @_with_1d
 def gather(a, dim, index, sparse_grad=False):
     """`x.gather(dim, idx)`: `out[i][j] = x[idx[i][j]][j]` for dim 0."""
+    _check_along(a, dim, index)
     return a[_along(_1d(index), dim)].reshape(index.shape)
 
 
@@ -246,6 +295,7 @@ def _scatter(a, dim, index, src, reduce=None, include_self=True):
     dim = canon_dim(dim, a.ndim)
     if index.size == 0:
         return a
+    _check_along(a, dim, index)
     if is_array(src) and src.ndim > 0:
         src = _1d(src)[tuple(slice(0, n) for n in index.shape)]
     else:  # a scalar `value` (traced as a 0-d array by the eager cache)
@@ -285,6 +335,7 @@ def scatter_reduce(a, dim, index, src, reduce, include_self=True):
 @_with_1d
 def index_add(a, dim, index, source, alpha=1):
     """`x.index_add(dim, idx, src, alpha=a)`: duplicates accumulate."""
+    _check_select(a, dim, index)
     src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1 :]) if source.ndim == 0 else source
     if alpha != 1:
         src = src * alpha
@@ -295,6 +346,9 @@ def index_add(a, dim, index, source, alpha=1):
 @_with_1d
 def index_copy(a, dim, index, source):
     """`x.index_copy(dim, idx, src)`."""
+    if _CHECKS[0]:
+        n = a.shape[dim]
+        check_index(index, n, IndexError, "index_copy_(): " + _OUT_OF_BOUNDS % (dim, n), negative=False)
     src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1 :]) if source.ndim == 0 else source
     return a.at[_at(a.ndim, dim, _1d(index))].set(src.astype(a.dtype))
 
@@ -303,6 +357,8 @@ def index_copy(a, dim, index, source):
 @_with_1d
 def index_fill(a, dim, index, value):
     """`x.index_fill(dim, idx, v)`."""
+    if _CHECKS[0]:
+        check_index(index, a.shape[dim], IndexError, _OUT_OF_BOUNDS % (dim, a.shape[dim]))
     return a.at[_at(a.ndim, dim, _1d(index))].set(_fill_value(value, a.dtype))
 
 
@@ -310,6 +366,7 @@ def index_fill(a, dim, index, value):
 @_with_1d
 def index_reduce(a, dim, index, source, reduce, include_self=True):
     """`x.index_reduce(dim, idx, src, "prod" | "mean" | "amax" | "amin", include_self=...)`."""
+    _check_select(a, dim, index)
     src = source.reshape(a.shape[:dim] + (-1,) + a.shape[dim + 1 :]) if source.ndim == 0 else source
     return _reduce_into(a, _at(a.ndim, dim, _1d(index)), src, reduce, include_self)
 

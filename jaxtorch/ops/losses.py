@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..bridge.core._checks import ON as _CHECKS
+from ..bridge.core._checks import check
 from ._semantics import result_type
 from .nn import _opmath, _vjp
 from .registry import keep_whole, register
@@ -62,9 +64,18 @@ def _weighted_mean(loss: jax.Array, w: jax.Array, reduction: int) -> jax.Array:
     return jnp.sum(loss) / jnp.where(total == 0, 1, total) + jnp.where(total == 0, jnp.nan, 0).astype(loss.dtype)
 
 
+def _check_targets(target, classes: int, ignore_index: int) -> None:
+    """Checked mode: torch's `IndexError: Target 5 is out of bounds.` for a class index outside
+    `[0, classes)` that is not `ignore_index`."""
+    if _CHECKS[0]:
+        ok = (target == ignore_index) | ((target >= 0) & (target < classes))
+        check(ok, target, IndexError, "Target {value} is out of bounds.")
+
+
 def _nll(self, target, weight, reduction, ignore_index):
     """(loss, total_weight) for (N, C, ...) or (C,) log-probabilities."""
     cdim = 0 if self.ndim == 1 else 1
+    _check_targets(target, self.shape[cdim], ignore_index)
     valid = target != ignore_index
     safe = jnp.where(valid, target, 0).astype(jnp.int32)
     # A one-hot select-and-sum rather than a gather: XLA fuses it, and its gradient is a fused
@@ -125,6 +136,7 @@ def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100
         return _xent_probabilities(x, target.astype(x.dtype), weight, reduction, label_smoothing, cdim).astype(
             self.dtype
         )
+    _check_targets(target, x.shape[cdim], ignore_index)
     valid = target != ignore_index
     safe = jnp.where(valid, target, 0).astype(jnp.int32)
     w = jnp.where(valid, 1, 0).astype(x.dtype) if weight is None else jnp.where(valid, weight.astype(x.dtype)[safe], 0)

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..bridge.core._checks import ON as _CHECKS
+from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
 from ._semantics import binary, broadcast_to, category, result_type
 from .registry import keep_whole, register
@@ -983,6 +985,8 @@ def log_sigmoid_backward(grad_output, self, buffer):
 @register(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """Row lookup; the padding row gets no gradient, as in torch."""
+    if _CHECKS[0]:
+        check_index(indices, weight.shape[0], IndexError, "index out of range in self", negative=False)
     out = jnp.take(weight, indices, axis=0)
     if padding_idx is not None and padding_idx >= 0:
         out = jnp.where((indices == padding_idx)[..., None], lax.stop_gradient(out), out)
@@ -1155,9 +1159,16 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
 
 @register(aten.one_hot.default)
 def one_hot(self, num_classes=-1):
+    if _CHECKS[0] and self.size:
+        check(self >= 0, self, RuntimeError, "Class values must be non-negative.")
+        if num_classes != -1:
+            check(self < num_classes, self, RuntimeError, "Class values must be smaller than num_classes.")
     if num_classes == -1:
         num_classes = int(jnp.max(self)) + 1 if self.size else 0  # data-dependent: eager only
     return (self[..., None] == jnp.arange(num_classes, dtype=self.dtype)).astype(canonical_int())
+
+
+keep_whole(aten.one_hot.default)  # else torch decomposes it (and skips its checks on this backend)
 
 
 # ---- pixel shuffle, fold / unfold -------------------------------------------------------------

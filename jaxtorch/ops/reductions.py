@@ -273,6 +273,18 @@ def any_(a, dim=None, keepdim=False):
     return _logical_out(jnp.any(a != 0, axis=_logical_axes(a, dim), keepdims=keepdim), a)
 
 
+@register(aten._is_any_true.default)
+def _is_any_true(a):
+    """`aten._is_any_true` (a bool tensor): what anomaly mode's NaN check calls on each gradient."""
+    return jnp.any(a)
+
+
+@register(aten._is_all_true.default)
+def _is_all_true(a):
+    """`aten._is_all_true` (a bool tensor): `torch._assert`-style checks on a tensor."""
+    return jnp.all(a)
+
+
 @register(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
 def count_nonzero(a, dim=None):
     """`torch.count_nonzero` -> int64."""

@@ -387,8 +387,6 @@ _CAST_REFUSED = "can't be cast to the desired output type"
 # op name -> why the jax device still writes where CPU torch refuses (checked both ways)
 _CAST_NOT_CHECKED = {
     "ldexp": "ldexp_ runs torch's decomposition, whose mul_ result is already cast",
-    "polygamma": "polygamma_(n) has no functional sibling with its argument order (polygamma(n, self)): torch's "
-    "decomposition runs it, and the result is cast",
 }
 
 

@@ -86,8 +86,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..core import _checks, _random
 from ..core import _pytrees as pytrees
-from ..core import _random
 from ..core._errors import StateWriteError
 from ..dispatch import _autocast
 from ..state._binding import Binding, named_state
@@ -180,7 +180,8 @@ class Compiled:
             self._aux[key] = aux
             return out, changed, written, new
 
-        prog = jax.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
+        # (checkified in checked mode: `_checks.ON` is in the key)
+        prog = _checks.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
         self._programs[key] = prog
         return prog
 
@@ -211,7 +212,8 @@ class Compiled:
             self._aux[key] = aux
             return out, new_state, written, new
 
-        prog = jax.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
+        # (checkified in checked mode: `_checks.ON` is in the key)
+        prog = _checks.jit(traced if not grads else _with_vjp(traced, grads[0], grads[1], self._aux, key))
         self._programs[key] = prog
         return prog
 
@@ -230,6 +232,7 @@ class Compiled:
             grad_mode,
             tuple(free.tensors),
             _autocast.state(),  # a program traced under torch.autocast("jax") casts
+            _checks.ON[0],  # checked mode: a checkified program
         )
         if holders_objs:
             return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, self._key(key, rng), free)

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 
+from . import _checks
 from ._errors import DataDependentError, MissingKeyError
 from ._executor import OpCall, bind, signature
 from ._precision import matmul_precision
@@ -34,6 +35,7 @@ from ._random import next_key
 _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 2000  # cached signatures per op
 _Tracer = jax.core.Tracer
+_CHECKS = _checks.ON
 
 NOT_JITTABLE_ERRORS = (
     MissingKeyError,  # a lowering that draws a key only for some arguments (sdpa with dropout)
@@ -61,7 +63,7 @@ class EagerExecutor:
 
     def call(self, op: OpCall, jargs: list, jkwargs: dict) -> Any:
         """`op.lowering(*jargs, **jkwargs)`, run (or traced into the surrounding JAX trace)."""
-        if op.plain and _ENABLED:  # the common case, inline: a known signature
+        if op.plain and _ENABLED and not _CHECKS[0]:  # the common case, inline: a known signature
             sig = signature(jargs, jkwargs, op.floats)
             if sig is not None:
                 fn = op.jits.get(sig[0])
@@ -98,6 +100,8 @@ def run(op: OpCall, jargs: list, jkwargs: dict) -> Any:
         return lowering(*jargs, **jkwargs)
     key, dyn, plan = sig
     cache = op.jits
+    if _CHECKS[0]:  # checked mode: its own programs (see `_checks.jit`)
+        key = ("checked", key)
     try:
         fn = cache.get(key)
     except TypeError:  # unhashable after all
@@ -105,7 +109,7 @@ def run(op: OpCall, jargs: list, jkwargs: dict) -> Any:
     if fn is None:
         if len(cache) > _MAX:
             cache.clear()
-        fn = cache[key] = jax.jit(bind(lowering, plan, matmul_precision))
+        fn = cache[key] = _checks.jit(bind(lowering, plan, matmul_precision))
     if fn is NOT_JITTABLE:
         return lowering(*jargs, **jkwargs)
     try:

@@ -37,6 +37,8 @@ from ... import ops as _ops  # noqa: F401  (registers all lowerings)
 from ...ops import registry
 from ..core import _lazy as lazy
 from ..core import _tracing as tracing
+from ..core._checks import ON as _CHECKS
+from ..core._checks import meta_error
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
 from ..core._eager import EAGER
 from ..core._errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
@@ -459,7 +461,7 @@ _trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thr
 def _executor() -> Executor:
     """Lazy when lazy mode is on and no JAX trace is active; eager otherwise (which, under a
     trace, calls lowerings directly into it)."""
-    return LAZY if _LAZY_ON[0] and _trace_clean() else EAGER
+    return LAZY if _LAZY_ON[0] and _trace_clean() and not _CHECKS[0] else EAGER
 
 
 def dispatch(func, args, kwargs):
@@ -475,13 +477,19 @@ def dispatch(func, args, kwargs):
     r = _RUNNERS.get(func)
     if r is None:
         r = _runner(func)
-    if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
-        with tracing.adopted():
-            return r(_executor(), args, kwargs)
-    if _LAZY_ON[0] and _trace_clean():
-        with lazy.STATE_LOCK:  # the pending graph and tensors' views are shared by all threads
-            return r(LAZY, args, kwargs)
-    return r(EAGER, args, kwargs)
+    try:
+        if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
+            with tracing.adopted():
+                return r(_executor(), args, kwargs)
+        if _LAZY_ON[0] and _trace_clean() and not _CHECKS[0]:  # (checked mode runs ops eagerly)
+            with lazy.STATE_LOCK:  # the pending graph and tensors' views are shared by all threads
+                return r(LAZY, args, kwargs)
+        return r(EAGER, args, kwargs)
+    except (TypeError, ValueError, IndexError) as e:  # a shape error: torch's own message
+        torch_error = meta_error(func, args, kwargs, e)
+        if torch_error is None:
+            raise
+        raise torch_error from e
 
 
 # ---- ops the bridge itself owns: device moves, scalars, aliasing --------------------------
@@ -528,6 +536,13 @@ def _cpu_write(func, dst) -> None:
 def _local_scalar_dense(ex, args, kwargs):
     a = args[0]._concrete("Tensor.item() / bool() / int() / float()")
     if isinstance(a, _Tracer):
+        if torch.is_anomaly_enabled():
+            raise DataDependentError(
+                aten._local_scalar_dense.default,
+                "anomaly mode (`torch.autograd.set_detect_anomaly`) reads every gradient's values to look for NaNs, "
+                "which a traced backward cannot: turn it on outside jax.jit/jaxtorch.jit (it works eagerly and "
+                "lazily), or use JAX's own `jax.config.update('jax_debug_nans', True)` under jit.",
+            )
         raise DataDependentError(aten._local_scalar_dense.default, "`.item()`/`bool()`/`int()` of a traced tensor.")
     return np.asarray(a).item()
 
