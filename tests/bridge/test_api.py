@@ -272,7 +272,8 @@ def test_torch_module_to_jax_trains_params_only_and_keeps_state():
 
     @eqx.filter_jit
     def step(m, opt_state):
-        g = eqx.filter_grad(lambda m: jnp.mean(m(x) ** 2))(m)
+        # train-mode BatchNorm writes its statistics: explicit state in and out (a plain call raises)
+        g = eqx.filter_grad(lambda m: jnp.mean(m(x, state=m.state)[0] ** 2))(m)
         updates, opt_state = opt.update(g, opt_state, eqx.filter(m, eqx.is_array))
         return eqx.apply_updates(m, updates), opt_state
 
@@ -285,7 +286,9 @@ def test_torch_module_to_jax_trains_params_only_and_keeps_state():
     ref = copy.deepcopy(model).train()
     jaxtorch.load_into(ref, m.params)
     ref_eval = copy.deepcopy(ref).eval()
-    np.testing.assert_allclose(np.asarray(m(x)), _np(ref(jaxtorch.to_torch(x))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(m(x, state=m.state)[0]), _np(ref(jaxtorch.to_torch(x))), rtol=1e-5, atol=1e-6)
+    with pytest.raises(jaxtorch.StateWriteError, match="num_batches_tracked"):
+        m(x)  # the statistics would be lost
 
     e = eqx.nn.inference_mode(m)
     assert e.inference and not e.training and m.eval().inference and e.train().training

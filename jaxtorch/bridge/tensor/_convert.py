@@ -207,8 +207,6 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     """
     if isinstance(t, JaxTensor):
         return t.elem
-    _check_dense(t)
-    t = t.detach()
     if t.device.type == "meta":
         raise ValueError(
             f"jaxtorch: a tensor on the meta device (shape {tuple(t.shape)}, {t.dtype}) has no data to convert. "
@@ -216,6 +214,8 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
             "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
             "(or `init(params, state)` for `make_train_step`)."
         )
+    _check_dense(t)
+    t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     # float64 without x64 raises, except a 0-dim scalar (see `dtypes`)
