@@ -20,7 +20,8 @@ def _module_grads():
     ref = nn.Linear(3, 2)
     ref.load_state_dict(lin.state_dict())
     x, s = torch.randn(4, 3), torch.randn(4, 2)
-    (jaxtorch.compile(lin)(x) * s).sum().backward()
+    s_jax = jaxtorch.torch_view(jaxtorch.to_jax(s))  # compiled results live on the jax device
+    (jaxtorch.compile(lin)(x) * s_jax).sum().backward()
     (ref(x) * s).sum().backward()
     assert lin.weight.grad is not None, "compiled forward left the module's grads None"
     close(lin.weight.grad, ref.weight.grad)
@@ -46,10 +47,11 @@ def _sgd():
     fa = jaxtorch.compile(a)
     oa, ob = torch.optim.SGD(a.parameters(), 0.1), torch.optim.SGD(b.parameters(), 0.1)
     x, y = torch.randn(16, 3), torch.randn(16, 1)
+    y_jax = jaxtorch.torch_view(jaxtorch.to_jax(y))  # compiled results live on the jax device
     for _ in range(3):
-        for f, o in ((fa, oa), (b, ob)):
+        for f, o, target in ((fa, oa, y_jax), (b, ob, y)):
             o.zero_grad()
-            ((f(x) - y) ** 2).mean().backward()
+            ((f(x) - target) ** 2).mean().backward()
             o.step()
     for pa, pb in zip(a.parameters(), b.parameters()):
         close(pa.detach(), pb.detach(), rtol=1e-5, atol=1e-6)

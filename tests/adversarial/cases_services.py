@@ -83,7 +83,7 @@ for _reentrant in (True, False):
     def _ckpt_jit(use_reentrant=_reentrant):
         torch.manual_seed(0)
         block = _Block()
-        x = torch.randn(3, 4)
+        x = torch.randn(3, 4, requires_grad=True)  # (reentrant checkpointing needs an input that requires grad)
         expected = torch.autograd.grad(block(x).sum(), list(block.parameters()))
 
         @jaxtorch.jit
