@@ -71,7 +71,7 @@ from ..state._binding import Binding, named_state
 from ..state._holders import ArgState, Holders
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, root, root_data, was_written, write
+from ..tensor._tensor import JaxTensor, labelled, root, root_data, was_written, write
 from ._jax_first import _module_lock, _run_torch
 
 
@@ -108,8 +108,11 @@ class Compiled:
 
     def _run(self, fn, key, args, kwargs, rng):
         """Run the user's code while tracing: writes to tensors that are not state raise."""
+        dtypes: list = []
         with self._draws(key, rng), _refusing_untracked_writes(self._target):
-            return _run_torch(fn, args, kwargs, None)
+            out = _run_torch(fn, args, kwargs, None, dtypes=dtypes)
+        self._aux[("dtypes", key)] = dtypes  # the outputs' torch dtypes (int64 is held as int32)
+        return out
 
     def _program(self, key, argstate: ArgState):
         prog = self._programs.get(key)
@@ -124,7 +127,8 @@ class Compiled:
                 out = self._run(call, key, args, kwargs, rng)
                 changed = {}
             else:
-                tstate = {k: JaxTensor(v) for k, v in state.items()}
+                dtypes = {k: t.dtype for k, t in named_state(module).items()}  # (int64 held as int32)
+                tstate = {k: labelled(v, dtypes[k]) if k in dtypes else JaxTensor(v) for k, v in state.items()}
                 with Binding([module]) as binding:
                     binding.bind(module, tstate)
                     out = self._run(call if call is not None else module, key, args, kwargs, rng)
@@ -193,7 +197,7 @@ class Compiled:
                     with torch.no_grad():
                         t.copy_(array_to_torch(value, copy=False))
             argstate.write_back(args, kwargs, self._aux[key], written, new)
-        return _wrap(out)
+        return _wrap(out, self._aux.get(("dtypes", key)))
 
     def _call_step(self, key, argstate, dyn, args, kwargs, objects, rng):
         if self._module is not None:
@@ -216,7 +220,7 @@ class Compiled:
             finally:
                 for lock in reversed(locks):
                     lock.release()
-        return _wrap(out)
+        return _wrap(out, self._aux.get(("dtypes", key)))
 
 
 def _rebound(slot: JaxTensor, new, name: str) -> None:
@@ -320,8 +324,19 @@ def _find(t, value, name: str) -> str | None:
     return None
 
 
-def _wrap(out):
-    return jax.tree_util.tree_map(lambda a: JaxTensor(a) if isinstance(a, jax.Array) else a, out)
+def _wrap(out, dtypes: list | None = None):
+    """The program's outputs as tensors, with the torch dtypes the traced code gave them."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    arrays = [a for a in leaves if isinstance(a, jax.Array)]
+    labels = iter(dtypes if dtypes is not None and len(dtypes) == len(arrays) else [None] * len(arrays))
+    wrapped = []
+    for a in leaves:
+        if isinstance(a, jax.Array):
+            d = next(labels)
+            wrapped.append(JaxTensor(a) if d is None else labelled(a, d))
+        else:
+            wrapped.append(a)
+    return jax.tree_util.tree_unflatten(treedef, wrapped)
 
 
 @functools.cache

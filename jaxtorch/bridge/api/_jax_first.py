@@ -21,7 +21,7 @@ from ..state import _scopes as scopes
 from ..state._binding import as_found, bound, named_state
 from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
 from ..tensor._convert import jax_view, tensor_to_jax, torch_view, tree_map
-from ..tensor._tensor import JaxTensor
+from ..tensor._tensor import JaxTensor, labelled
 
 
 def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> Any:
@@ -86,12 +86,14 @@ def jax_inputs(tree, where: str):
     return tree_map(_reject_tensor(where), tree)
 
 
-def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
+def _run_torch(fn: Callable, targs, tkwargs, rng, data=None, dtypes: list | None = None) -> Any:
     """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
 
     Explicitly sharded arguments (and tensors of `fn`'s module) run with their mesh's axes Auto
     (`explicit.auto_axes`);
-    `data` is the part of the arguments that is data, not parameters (default: all)."""
+    `data` is the part of the arguments that is data, not parameters (default: all); `dtypes`,
+    if given, receives the torch dtypes of the result's tensors, in order (an int64 result is
+    an int32 array without x64)."""
     with (
         default_env(jax_by_default=True),
         key_scope(rng),
@@ -99,6 +101,8 @@ def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
         explicit.auto_axes((fn, targs, tkwargs), data) as region,
     ):
         out = fn(*targs, **tkwargs)
+    if dtypes is not None:
+        tree_map(lambda x: dtypes.append(x.dtype) if isinstance(x, torch.Tensor) else None, out)
     return region.finish(jax_view(_jaxify_leftovers(out)))  # jax_view's walk registers new containers
 
 
@@ -157,9 +161,13 @@ def _module_fn(module: torch.nn.Module, mutable: bool, kernels: dict | None = No
     lock = _module_lock(module)
     scopes.name_modules(module)
     kernels = kernels or {}
+    dtypes = {name: t.dtype for name, t in named_state(module).items()}  # (int64 buffers are held as int32)
 
     def fn(params: dict[str, jax.Array], *args, rng: jax.Array | None = None, **kwargs):
-        tparams = {name: JaxTensor(value) for name, value in from_kernels(params, kernels).items()}
+        tparams = {
+            name: labelled(value, dtypes[name]) if name in dtypes else JaxTensor(value)
+            for name, value in from_kernels(params, kernels).items()
+        }
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
         with lock, scopes.module_scopes(), bound(module, tparams):
             out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))

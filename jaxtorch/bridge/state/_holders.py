@@ -38,7 +38,7 @@ import torch
 
 from ..core import _pytrees as pytrees
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, root, was_written, write
+from ..tensor._tensor import JaxTensor, labelled, root, was_written, write
 from ._binding import Binding
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
@@ -314,13 +314,15 @@ class ArgState:
         return (
             self.treedef,
             tuple(freeze(s) for s in self.statics),
-            tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+            tuple((tuple(a.shape), str(a.dtype), getattr(t, "dtype", None)) for a, t in zip(arrays, self.tensors)),
         )
 
     def rebuild(self, arrays) -> tuple[tuple, dict, list]:
         """Fresh arguments holding `JaxTensor(array)`s (aliases share one); the containers are
         copies, so nothing the traced function does reaches the caller's objects."""
-        inputs = [JaxTensor(a) for a in arrays]
+        inputs = [
+            labelled(a, t.dtype) if isinstance(t, torch.Tensor) else JaxTensor(a) for a, t in zip(arrays, self.tensors)
+        ]
         leaves = [inputs[s] if isinstance(s, Slot) else s for s in self.statics]
         args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
         return args, kwargs, inputs
