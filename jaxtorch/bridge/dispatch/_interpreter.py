@@ -161,7 +161,11 @@ _SCALAR_FACTORIES = frozenset(
 def _wrap_out(out, func=None, args=(), kwargs=None):
     """The op's JAX result as torch values; int32/uint32 arrays (x64 off) get torch's result
     dtype for `func(*args, **kwargs)` (int32 or int64, see `_result_dtype`)."""
-    if func is not None and _has_ambiguous(out):
+    if func is not None and type(out) is not tuple and type(out) is not list:  # one array (the common case)
+        if _is_array(out) and out.dtype in _AMBIGUOUS and _result_dtype.ambiguous(out.dtype):
+            (dtype,) = _result_dtype.label(func, args, kwargs or {}, [out])
+            return JaxTensor(out, dtype=dtype)
+    elif func is not None and _has_ambiguous(out):
         arrays: list = []
         _arrays_of(out, arrays)
         labels = iter(_result_dtype.label(func, args, kwargs or {}, arrays))
@@ -403,7 +407,8 @@ def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
         out = ex.call(op, jargs, jkwargs)
         if not inplace:
-            return [labelled(o, t.dtype) if isinstance(t, JaxTensor) else JaxTensor(o) for o, t in zip(out, args[0])]
+            firsts = args[0] if isinstance(args[0], (list, tuple)) else [None] * len(out)  # (`_foreach_pow(2.0, xs)`)
+            return [labelled(o, t.dtype) if isinstance(t, JaxTensor) else JaxTensor(o) for o, t in zip(out, firsts)]
         if check_cast is not None:
             for t, r in zip(args[0], out):
                 check_cast(r, t)

@@ -2,7 +2,9 @@
 
 With JAX's 64-bit mode off, an int32 array is what JAX gives for both a `torch.int32` and a
 `torch.int64` result (and uint32 for `uint32` and `uint64`). For those outputs only, the
-interpreter asks torch itself: the op runs once on `meta` tensors of the arguments' torch
+result is `torch.int64` (`uint64`) unless something asks for a narrow one (a `torch.int32`/
+`uint32` tensor argument, a dtype argument, `out_int32=True`); then the interpreter asks
+torch itself: the op runs once on `meta` tensors of the arguments' torch
 dtypes (no data, no compute), and the result dtypes are cached by the op and its arguments'
 dtype signature (tensor dtypes, whether each tensor is 0-dim, Python scalar types, dtype
 arguments), so `int32 + int64` is `torch.int64`, `argmax` of an int32 tensor is
@@ -25,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..core._dtypes import x64_enabled
+from ..tensor._tensor import JaxTensor
 
 AMBIGUOUS = frozenset({np.dtype("int32"), np.dtype("uint32")})  # int64/uint64 held in 32 bits
 _WIDE = {np.dtype("int32"): torch.int64, np.dtype("uint32"): torch.uint64}
@@ -113,9 +116,41 @@ def result_dtypes(func, args, kwargs) -> tuple | None:
     return hit
 
 
+_NARROW_TORCH = (torch.int32, torch.uint32)
+
+
+def _narrow_asked(args, kwargs) -> bool:
+    """Whether anything could make an int32/uint32 result narrow: a torch.int32/uint32 tensor
+    argument, a dtype argument, or `out_int32=True`. Without one, torch's integer result is
+    int64/uint64 (the common case, decided without asking torch)."""
+    for a in args:
+        t = type(a)
+        if t is JaxTensor:  # (the common case first)
+            if a.dtype in _NARROW_TORCH:
+                return True
+            continue
+        if t is int or t is float or t is bool or a is None:
+            continue
+        if t is list or t is tuple:
+            if _narrow_asked(a, {}):
+                return True
+        elif isinstance(a, torch.Tensor):
+            if a.dtype in _NARROW_TORCH:
+                return True
+        elif isinstance(a, torch.dtype):
+            return True
+    if kwargs:
+        if kwargs.get("out_int32") or kwargs.get("dtype") is not None:
+            return True
+        return _narrow_asked(list(kwargs.values()), {})
+    return False
+
+
 def label(func, args, kwargs, outs: list) -> list[torch.dtype | None]:
     """The torch dtype of each JAX output in `outs` (None: the array's own), resolving the
-    ambiguous ones (see the module docstring)."""
+    ambiguous ones (see the module docstring); a single output is known to be ambiguous."""
+    if not _narrow_asked(args, kwargs):  # int64/uint64 inputs (or none): the wide dtype, no meta run
+        return [_WIDE.get(o.dtype) if len(outs) == 1 or ambiguous(o.dtype) else None for o in outs]
     dtypes = result_dtypes(func, args, kwargs)
     labels: list[torch.dtype | None] = []
     for i, o in enumerate(outs):
