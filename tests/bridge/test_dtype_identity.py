@@ -116,7 +116,8 @@ def test_dtype_casts(env):
 def test_to_torch_of_a_jax_array_is_its_own_dtype():
     assert jaxtorch.to_torch(jnp.zeros(2, jnp.int32)).dtype == torch.int32
     assert jaxtorch.to_torch(jnp.zeros(2, jnp.uint32)).dtype == torch.uint32
-    assert jaxtorch.torch_view(jnp.zeros(2, jnp.int32)).dtype == torch.int32
+    # torch_view (call_torch's inputs): JAX's default integer is torch's default integer
+    assert jaxtorch.torch_view(jnp.zeros(2, jnp.int32)).dtype == torch.int64
     assert jaxtorch.to_torch(jnp.int32) == torch.int32
 
 

@@ -48,8 +48,15 @@ def _is_jax_array(x) -> bool:
 
 
 # ---- no-copy views ------------------------------------------------------------------
+_INT32 = np.dtype("int32")
+
+
 def _torch_view_leaf(x):
     if _is_jax_array(x):
+        # JAX's default integer (int32 without x64) is torch's (int64): token ids, labels and indices
+        # handed to torch code are `long`, as torch code (one_hot, cross_entropy) expects
+        if x.dtype == _INT32 and not x64_enabled():
+            return JaxTensor(x, dtype=torch.int64)
         return JaxTensor(x)
     if _is_dtype_like(x):
         return to_torch_dtype(getattr(x, "dtype", x))
@@ -65,7 +72,10 @@ def _jax_view_leaf(x):
 
 
 def torch_view(tree: Any) -> Any:
-    """Wrap every `jax.Array` in `tree` as a `JaxTensor` (no copy); dtypes become torch dtypes."""
+    """Wrap every `jax.Array` in `tree` as a `JaxTensor` (no copy); dtypes become torch dtypes.
+
+    Without x64 an int32 array (JAX's default integer) is viewed as `torch.int64` (torch's), as
+    `call_torch` and `extract`'s `fn` hand their inputs to torch code; `to_torch` copies it as int32."""
     return tree_map(_torch_view_leaf, tree)
 
 
