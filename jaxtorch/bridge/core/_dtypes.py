@@ -6,7 +6,8 @@ default) JAX stores 64-bit integers as 32-bit ones, so a `torch.int64` tensor is
 `torch.int32` tensor, held as `int32` too, is `torch.int32`. The torch dtype travels with the
 tensor (`JaxTensor`), and op results get torch's own result dtype (see the interpreter). A
 bare JAX array copied by `to_torch` is what JAX holds: int32 is `torch.int32` (handed to
-torch code by `torch_view`, JAX's default int32 is torch's default `int64`). Values of an int64/uint64 tensor that do not fit in 32 bits are refused with
+torch code by `torch_view`, JAX's default int32 is torch's default `int64`). Values of an
+int64/uint64 tensor that do not fit in 32 bits are refused with
 `Int64Error` where jaxtorch converts them (`.to("jax")`, `to_jax`, `extract`, factories);
 arithmetic done in JAX on int64 data held as int32 wraps at 2**31 as int32 arithmetic does,
 and jaxtorch cannot see that (turn 64-bit mode on for exact int64). float64 and complex128 follow
