@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..bridge.core._dtypes import canonical_int, default_float
+from ..bridge.core._dtypes import canonical_int, check_int_value, default_float
 from .registry import register
 
 aten = torch.ops.aten
@@ -61,6 +61,7 @@ def _full(shape, value, dtype) -> jax.Array:
     """`jnp.full`, with a complex fill into a real dtype keeping the real part, as torch does."""
     if isinstance(value, complex) and not jnp.issubdtype(dtype, jnp.complexfloating):
         value = value.real
+    check_int_value(value, dtype, "a fill value")  # int64 beyond 32 bits without x64: refused, never wrapped
     return jnp.full(shape, value, dtype)
 
 
@@ -232,6 +233,8 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
         length = math.ceil((end - start) / step)
     length = max(int(length), 0)
     if is_integer:
+        for v in (int(start), int(start) + int(step) * max(length - 1, 0)):  # never wrapped (see `_dtypes`)
+            check_int_value(v, dtype, "torch.arange")
         return (int(start) + int(step) * lax.iota(canonical_int(), length)).astype(dtype)
     index = lax.iota(np.int32, length)
     if integer_args:

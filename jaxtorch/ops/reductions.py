@@ -71,8 +71,12 @@ def _torch_name(dtype) -> str:
 
 
 def _scalar_type_name(dtype) -> str:
-    """ATen's name of a dtype in "not implemented for 'Long'" errors."""
-    return torch.empty(0, dtype=to_torch_dtype(dtype)).type()[len("torch.") : -len("Tensor")]
+    """ATen's name of a dtype in "not implemented for 'Long'" errors (an int32 array is named as
+    the `long` it holds without x64: JAX's default integer)."""
+    tdtype = to_torch_dtype(dtype)
+    if tdtype == torch.int32 and np.dtype(dtype) == canonical_int():
+        tdtype = torch.int64
+    return torch.empty(0, dtype=tdtype).type()[len("torch.") : -len("Tensor")]
 
 
 def _require_float(name: str, a, dtype=None) -> None:

@@ -90,8 +90,16 @@ def _assert_same(x, y):
 @settings(max_examples=60, deadline=None)
 @given(nested())
 def test_to_jax_to_torch_round_trip(tree):
+    # a bare jax.Array carries JAX's dtype: int64 comes back as the int32 that holds it without x64
+    # (a JaxTensor carries its torch dtype: see test_dtype_identity.py)
     back = jaxtorch.to_torch(jaxtorch.to_jax(tree))
-    _assert_same(tree, back)
+    _assert_same(_as_held(tree), back)
+
+
+def _as_held(tree):
+    from jaxtorch.bridge.core._dtypes import to_jax_dtype, to_torch_dtype
+
+    return tree_map(lambda x: x.to(to_torch_dtype(to_jax_dtype(x.dtype))) if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _arrays(tree, kind=jax.Array):
@@ -141,30 +149,35 @@ def test_dtypes_convert_both_ways():
     assert jaxtorch.to_torch(jnp.float16) == torch.float16
 
 
-def test_int64_is_stored_as_int32_and_reported_as_int64():
+def test_int64_is_stored_as_int32_and_keeps_its_dtype():
     t = torch.tensor([1, 2, 3])
     a = jaxtorch.to_jax(t)
-    assert a.dtype == jnp.int32
-    assert JaxTensor(a).dtype == torch.int64
-    assert jaxtorch.to_torch(a).dtype == torch.int64
+    assert a.dtype == jnp.int32  # what JAX holds without x64
+    assert JaxTensor(a).dtype == torch.int32  # a bare array is its own dtype
+    assert jaxtorch.to_torch(a).dtype == torch.int32
+    j = t.to("jax")  # a tensor keeps its torch dtype
+    assert j.dtype == torch.int64 and j.jax().dtype == jnp.int32
+    assert j.cpu().dtype == torch.int64 and j.cpu().tolist() == [1, 2, 3]
+    assert jaxtorch.to_torch(j).dtype == torch.int64
 
 
-def test_int32_reads_back_as_int64_without_x64():
+def test_int32_reads_back_as_int32():
     back = jaxtorch.to_torch(jaxtorch.to_jax(torch.tensor([1, 2], dtype=torch.int32)))
-    assert back.dtype == torch.int64
+    assert back.dtype == torch.int32
     assert back.tolist() == [1, 2]
 
 
-def test_torch_dtype_follows_x64_switched_at_run_time():
-    """JaxTensor caches torch dtypes, except int32/uint32 whose torch dtype depends on x64."""
+def test_torch_dtype_of_a_bare_array_ignores_x64():
+    """A bare array's torch dtype is its own whatever x64 says (int32 is torch.int32)."""
     a, f = jnp.arange(3, dtype=jnp.int32), jnp.ones(2, jnp.float32)
-    assert (JaxTensor(a).dtype, JaxTensor(f).dtype) == (torch.int64, torch.float32)
+    assert (JaxTensor(a).dtype, JaxTensor(f).dtype) == (torch.int32, torch.float32)
     jax.config.update("jax_enable_x64", True)
     try:
         assert (JaxTensor(jnp.arange(3, dtype=jnp.int32)).dtype, JaxTensor(f).dtype) == (torch.int32, torch.float32)
+        assert JaxTensor(jnp.arange(3, dtype=jnp.int64)).dtype == torch.int64
     finally:
         jax.config.update("jax_enable_x64", False)
-    assert JaxTensor(a).dtype == torch.int64
+    assert JaxTensor(a).dtype == torch.int32
 
 
 def test_float64_without_x64_is_a_clear_error():

@@ -95,7 +95,7 @@ from ..state._holders import ArgState, Holders, wants_grad
 from ..tensor import _tensor
 from ..tensor._autograd import _to_array
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, make_view, root, root_data, view_fn, view_key, was_written, write
+from ..tensor._tensor import JaxTensor, labelled, make_view, root, root_data, view_fn, view_key, was_written, write
 from ._jax_first import _module_lock, _run_torch
 
 
@@ -133,8 +133,11 @@ class Compiled:
 
     def _run(self, fn, key, args, kwargs, rng):
         """Run the user's code while tracing: writes to tensors that are not state raise."""
+        dtypes: list = []
         with self._draws(key, rng), _refusing_untracked_writes(self._target):
-            return _run_torch(fn, args, kwargs, None)
+            out = _run_torch(fn, args, kwargs, None, dtypes=dtypes)
+        self._aux[("dtypes", key)] = dtypes  # the outputs' torch dtypes (int64 is held as int32)
+        return out
 
     def _callee(self, args: tuple, free: _Free) -> tuple[Callable, tuple]:
         """What runs while tracing, and its arguments: with free tensors, the function reading
@@ -157,11 +160,13 @@ class Compiled:
         if prog is not None:
             return prog
 
+        dtypes = {k: t.dtype for k, t in _module_state(mods).items()}  # (int64 held as int32 without x64)
+
         def traced(state: dict, dyn: list, rng):
             self.compilations += 1  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
             call, call_args = self._callee(args, free)
-            tstate = {k: JaxTensor(v, requires_grad=k in leaves) for k, v in state.items()}
+            tstate = {k: _state_tensor(v, dtypes.get(k), k in leaves) for k, v in state.items()}
             with contextlib.ExitStack() as stack:
                 bindings = []
                 for i, m in enumerate(mods):
@@ -259,11 +264,15 @@ class Compiled:
                 return out
 
             if not (names or slots):
-                result = _wrap(run(prog(state, dyn, rng)))
+                result = _wrap(run(prog(state, dyn, rng)), self._aux.get(("dtypes", fkey)))
             else:
                 diff = [state_tensors[k] for k in names] + [argstate.tensors[j] for j in slots]
                 result = _differentiable_call(
-                    lambda: prog(state, dyn, rng), run, diff, lambda: self._aux[("vjp", fkey)]
+                    lambda: prog(state, dyn, rng),
+                    run,
+                    diff,
+                    lambda: self._aux[("vjp", fkey)],
+                    self._aux.get(("dtypes", fkey)),
                 )
             return _aliasing(result, self._aux[("aliases", fkey)], argstate.tensors)
 
@@ -302,11 +311,15 @@ class Compiled:
                     return out
 
                 if not grads:
-                    result = _wrap(finish(prog(state, dyn, rng)))
+                    result = _wrap(finish(prog(state, dyn, rng)), self._aux.get(("dtypes", key)))
                 else:
                     diff = [p for _, p in params] + [argstate.tensors[j] for j in slots]
                     result = _differentiable_call(
-                        lambda: prog(state, dyn, rng), finish, diff, lambda: self._aux[("vjp", pkey)]
+                        lambda: prog(state, dyn, rng),
+                        finish,
+                        diff,
+                        lambda: self._aux[("vjp", pkey)],
+                        self._aux.get(("dtypes", key)),
                     )
             finally:
                 for lock in reversed(locks):
@@ -488,7 +501,9 @@ class _CompiledCall(torch.autograd.Function):
         )
 
 
-def _differentiable_call(program: Callable, finish: Callable, diff: list, structure_of: Callable) -> Any:
+def _differentiable_call(
+    program: Callable, finish: Callable, diff: list, structure_of: Callable, dtypes: list | None = None
+) -> Any:
     """Run a VJP program as one `torch.autograd.Function` whose inputs are `diff` (the tensors
     requiring grad): its floating results carry a `grad_fn` whose backward runs the compiled VJP."""
     held: dict[str, Any] = {}
@@ -504,7 +519,8 @@ def _differentiable_call(program: Callable, finish: Callable, diff: list, struct
     tree, at, n = structure_of()
     others = iter(held["others"])
     by_pos = dict(zip(at, outs))
-    leaves = [by_pos[i] if i in by_pos else _wrap(next(others)) for i in range(n)]
+    labels = dtypes if dtypes is not None and len(dtypes) == n else [None] * n  # the traced code's torch dtypes
+    leaves = [by_pos[i] if i in by_pos else _wrap(next(others), [labels[i]]) for i in range(n)]
     return jax.tree_util.tree_unflatten(tree, leaves)
 
 
@@ -718,8 +734,27 @@ def _find(t, value, name: str) -> str | None:
     return None
 
 
-def _wrap(out):
-    return jax.tree_util.tree_map(lambda a: JaxTensor(a) if isinstance(a, jax.Array) else a, out)
+def _state_tensor(value, dtype: torch.dtype | None, requires_grad: bool) -> JaxTensor:
+    """A module tensor inside the program: its torch dtype (int64 held as int32), a leaf requiring grad if it does."""
+    t = JaxTensor(value) if dtype is None else labelled(value, dtype)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _wrap(out, dtypes: list | None = None):
+    """The program's outputs as tensors, with the torch dtypes the traced code gave them."""
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    arrays = [a for a in leaves if isinstance(a, jax.Array)]
+    labels = iter(dtypes if dtypes is not None and len(dtypes) == len(arrays) else [None] * len(arrays))
+    wrapped = []
+    for a in leaves:
+        if isinstance(a, jax.Array):
+            d = next(labels)
+            wrapped.append(JaxTensor(a) if d is None else labelled(a, d))
+        else:
+            wrapped.append(a)
+    return jax.tree_util.tree_unflatten(treedef, wrapped)
 
 
 @functools.cache

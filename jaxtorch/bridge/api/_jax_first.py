@@ -27,6 +27,7 @@ from ..state._binding import (
     bound,
     check_tree,
     modes_of,
+    named_state,
     spec_of,
     split_state,
     training_modes,
@@ -34,7 +35,7 @@ from ..state._binding import (
 from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
 from ..state._meta import with_computed_buffers
 from ..tensor._convert import jax_view, module_tensor_to_jax, tensor_to_jax, torch_view, tree_map
-from ..tensor._tensor import JaxTensor
+from ..tensor._tensor import JaxTensor, labelled
 
 
 def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> Any:
@@ -95,12 +96,14 @@ def jax_inputs(tree, where: str):
     return tree_map(_reject_tensor(where), tree)
 
 
-def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
+def _run_torch(fn: Callable, targs, tkwargs, rng, data=None, dtypes: list | None = None) -> Any:
     """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
 
     Explicitly sharded arguments (and tensors of `fn`'s module) run with their mesh's axes Auto
     (`explicit.auto_axes`);
-    `data` is the part of the arguments that is data, not parameters (default: all)."""
+    `data` is the part of the arguments that is data, not parameters (default: all); `dtypes`,
+    if given, receives the torch dtypes of the result's tensors, in order (an int64 result is
+    an int32 array without x64)."""
     with (
         default_env(jax_by_default=True),
         key_scope(rng),
@@ -108,6 +111,8 @@ def _run_torch(fn: Callable, targs, tkwargs, rng, data=None) -> Any:
         explicit.auto_axes((fn, targs, tkwargs), data) as region,
     ):
         out = fn(*targs, **tkwargs)
+    if dtypes is not None:
+        tree_map(lambda x: dtypes.append(x.dtype) if isinstance(x, torch.Tensor) else None, out)
     return region.finish(jax_view(_jaxify_leftovers(out)))  # jax_view's walk registers new containers
 
 
@@ -193,6 +198,11 @@ def extract(
     return params, fn
 
 
+def _labelled(value, dtype: torch.dtype | None) -> JaxTensor:
+    """A module tensor's value as a tensor of its torch dtype (`tensor._tensor.labelled`)."""
+    return JaxTensor(value) if dtype is None else labelled(value, dtype)
+
+
 def _snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, jax.Array]:
     """The module's tensors as JAX arrays (copy-on-write views on the CPU): the one
     conversion `extract` makes, for params and state alike."""
@@ -248,6 +258,7 @@ class ModuleFunction:
         self._tied = aliases(module)
         self._renamed = {name: new for name, (new, _) in kernels.items()}
         self._lock = _module_lock(module)
+        self._dtypes = {name: t.dtype for name, t in named_state(module).items()}
         scopes.name_modules(module)
 
     def __repr__(self) -> str:
@@ -278,8 +289,9 @@ class ModuleFunction:
                 state, self._state_spec, what="state=", other=self._params_spec, other_what="params", tied=self._tied
             )
         params, state = jax_inputs((params, state), "the function from jaxtorch.extract")
-        values = {name: JaxTensor(v) for name, v in from_kernels(params, self._kernels).items()}
-        tstate = {name: JaxTensor(v) for name, v in state.items()}
+        dtypes = self._dtypes  # (int64 tensors are held as int32 without x64: keep their torch dtype)
+        values = {name: _labelled(v, dtypes.get(name)) for name, v in from_kernels(params, self._kernels).items()}
+        tstate = {name: _labelled(v, dtypes.get(name)) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
         binding = bound(self.module, {**values, **tstate}, mutable=self.mutable)
         with self._lock, scopes.module_scopes(), training_modes(self._modes), binding:

@@ -1,8 +1,16 @@
 """Dtype conversion between torch and JAX, in one place.
 
-With JAX's 64-bit mode off (its default), JAX stores 64-bit integers as 32-bit ones:
-`torch.int64` tensors are held as `int32` arrays and reported to torch as `torch.int64`,
-so torch code that expects `long` indices keeps working. float64 and complex128 follow
+A tensor's torch dtype is its own, whatever JAX stores: with JAX's 64-bit mode off (its
+default) JAX stores 64-bit integers as 32-bit ones, so a `torch.int64` tensor is held as an
+`int32` array (and `uint64` as `uint32`) and is still reported as `torch.int64`, while a
+`torch.int32` tensor, held as `int32` too, is `torch.int32`. The torch dtype travels with the
+tensor (`JaxTensor`), and op results get torch's own result dtype (see the interpreter). A
+bare JAX array copied by `to_torch` is what JAX holds: int32 is `torch.int32` (handed to
+torch code by `torch_view`, JAX's default int32 is torch's default `int64`). Values of an
+int64/uint64 tensor that do not fit in 32 bits are refused with
+`Int64Error` where jaxtorch converts them (`.to("jax")`, `to_jax`, `extract`, factories);
+arithmetic done in JAX on int64 data held as int32 wraps at 2**31 as int32 arithmetic does,
+and jaxtorch cannot see that (turn 64-bit mode on for exact int64). float64 and complex128 follow
 one rule: with 64-bit mode on they are what they say; with it off, jaxtorch never narrows
 them silently: float64 data entering JAX (`.to("jax")`, `copy_`, `extract` of a `.double()`
 model) and float64 asked for on the jax device (`dtype=torch.float64` in a factory or a
@@ -31,7 +39,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ._errors import Float64Error
+from ._errors import Float64Error, Int64Error
 
 _TORCH_TO_NP: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype("float32"),
@@ -96,11 +104,7 @@ def scalar_jax_dtype(dtype: torch.dtype) -> np.dtype:
 
 
 @functools.cache
-def _to_torch_dtype(dtype: np.dtype, x64: bool) -> torch.dtype:
-    if not x64 and dtype == np.dtype("int32"):
-        return torch.int64
-    if not x64 and dtype == np.dtype("uint32"):
-        return torch.uint64
+def _to_torch_dtype(dtype: np.dtype) -> torch.dtype:
     try:
         return _NP_TO_TORCH[dtype]
     except KeyError:
@@ -108,8 +112,64 @@ def _to_torch_dtype(dtype: np.dtype, x64: bool) -> torch.dtype:
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
-    """The torch dtype reported for a JAX array of `dtype` (int32 reads as int64 without x64)."""
-    return _to_torch_dtype(np.dtype(dtype), x64_enabled())
+    """The torch dtype of a bare JAX array of `dtype`: the same type (int32 is `torch.int32`).
+
+    A tensor's own dtype may differ (a `torch.int64` tensor is held as int32 without x64);
+    that one travels with the tensor, see `holds`.
+    """
+    return _to_torch_dtype(np.dtype(dtype))
+
+
+def holds(dtype: torch.dtype, jax_dtype) -> bool:
+    """Whether a tensor of torch `dtype` is stored as a JAX array of `jax_dtype` (so an array
+    of that dtype can be labelled `dtype`): `holds(torch.int64, jnp.int32)` without x64.
+
+    Example: `holds(torch.int32, jnp.int32)` is True; `holds(torch.float32, jnp.int32)` False.
+    """
+    try:
+        return to_jax_dtype(dtype) == jax_dtype
+    except (TypeError, Float64Error):
+        return False
+
+
+_NARROWED = {torch.int64: np.iinfo(np.int32), torch.uint64: np.iinfo(np.uint32)}
+
+
+def narrowed_range(dtype: torch.dtype) -> np.iinfo | None:
+    """The 32-bit range that holds `dtype` (int64/uint64) with x64 off; None when nothing narrows."""
+    if dtype not in _NARROWED or x64_enabled():
+        return None
+    return _NARROWED[dtype]
+
+
+def check_int_range(low, high, dtype: torch.dtype, where: str = "") -> None:
+    """Raise `Int64Error` when a value in [low, high] of torch `dtype` would wrap in JAX (int64 or
+    uint64 values outside the 32-bit range with x64 off).
+
+    Example: `check_int_range(0, 2**40, torch.int64, "torch.full")` raises without x64.
+    """
+    info = narrowed_range(dtype)
+    if info is None:
+        return
+    if low < info.min:
+        raise Int64Error(dtype, low, where)
+    if high > info.max:
+        raise Int64Error(dtype, high, where)
+
+
+def check_int_value(value, dtype, where: str = "") -> None:
+    """`check_int_range` for one Python scalar `value` given for a result of `dtype` (a torch
+    dtype or the JAX dtype that stores int64/uint64 without x64); other values pass.
+
+    Example: `check_int_value(2**40, torch.int64, "torch.full")` raises without x64.
+    """
+    if type(value) is not int or -(2**31) <= value < 2**31:  # (the common case: one comparison)
+        return
+    if not isinstance(dtype, torch.dtype):
+        dtype = {np.dtype("int32"): torch.int64, np.dtype("uint32"): torch.uint64}.get(np.dtype(dtype))
+        if dtype is None:
+            return
+    check_int_range(value, value, dtype, where)
 
 
 def convert_dtype(x):

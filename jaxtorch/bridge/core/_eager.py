@@ -30,7 +30,7 @@ from . import _checks
 from ._errors import DataDependentError, MissingKeyError
 from ._executor import OpCall, bind, signature
 from ._precision import matmul_precision
-from ._random import next_key
+from ._random import next_key, take_generator
 
 _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 2000  # cached signatures per op
@@ -73,7 +73,7 @@ class EagerExecutor:
                     except NOT_JITTABLE_ERRORS:
                         op.jits[sig[0]] = NOT_JITTABLE
         elif op.random:
-            jkwargs["key"] = next_key(op.func)
+            jkwargs["key"] = next_key(op.func, take_generator(jargs, jkwargs))
         try:
             if _has_tracer(jargs, jkwargs):
                 if op.data_dependent:

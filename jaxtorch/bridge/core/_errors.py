@@ -102,6 +102,23 @@ class Float64Error(JaxtorchError, TypeError):
         )
 
 
+class Int64Error(JaxtorchError, OverflowError):
+    """An int64/uint64 value outside the 32-bit range met JAX with 64-bit mode off.
+
+    With 64-bit mode off JAX holds `torch.int64` data as int32 (and `uint64` as uint32); a value
+    that does not fit would wrap, so jaxtorch refuses it instead.
+    """
+
+    def __init__(self, dtype, value, where: str = ""):
+        at = f" in {where}" if where else ""
+        super().__init__(
+            f"{dtype} value {value}{at} does not fit in 32 bits, and JAX's 64-bit mode, which is off, "
+            "is what holds wider integers: it would wrap. Either call "
+            "`jax.config.update('jax_enable_x64', True)` before creating arrays, or keep the values "
+            "within the int32 range."
+        )
+
+
 class MissingKeyError(JaxtorchError):
     """A random op ran under tracing without a JAX PRNG key."""
 
@@ -115,6 +132,20 @@ class MissingKeyError(JaxtorchError):
             "`jaxtorch.compile`, or `jaxtorch.call_torch(f, *args, rng=key)`; or turn dropout off: call `model.eval()` "
             "(`extract`'s fn keeps the mode it was made with: make it with "
             "`jaxtorch.extract(model, train=False)`)."
+        )
+
+
+class GeneratorUnderTraceError(JaxtorchError):
+    """A random op was given a torch `generator=` under jax tracing."""
+
+    def __init__(self, op):
+        name = getattr(op, "name", lambda: str(op))() if op is not None else "a random op"
+        super().__init__(
+            f"`{name}` was given a torch `generator=` under jax tracing (`jax.jit`, `jaxtorch.jit`, "
+            "`jaxtorch.compile`, a train step): the generator would be read once, when the function is "
+            "traced, and the compiled function would repeat the same numbers at every call. Drop "
+            "`generator=` and pass a JAX key for the call instead (`rng=jax.random.key(step)`), or run "
+            "the op eagerly (outside the compiled function)."
         )
 
 

@@ -62,7 +62,7 @@ from jax._src.lax.lax import _convert_element_type
 from . import _eager as eager
 from ._executor import ARRAY_TYPES, OpCall, bind, signature
 from ._precision import matmul_precision
-from ._random import next_key
+from ._random import next_key, take_generator
 
 # ACTIVE[0]: whether ops on the jax device are recorded. One process-wide switch (torch's
 # autograd runs backward ops on its own thread, which must record too).
@@ -279,7 +279,7 @@ class LazyExecutor:
         if op.plain:
             pass
         elif op.random:
-            jkwargs["key"] = next_key(op.func)
+            jkwargs["key"] = next_key(op.func, take_generator(jargs, jkwargs))
         else:  # data-dependent
             jargs, jkwargs = force_tree((jargs, jkwargs), f"{op.name} (output shape depends on values)")
             return op.lowering(*jargs, **jkwargs)

@@ -2,7 +2,9 @@
 
 Inside `call_torch(..., rng=key)` / `extract`'s `fn(..., rng=key)` every random op splits
 the key given for that call (thread-local). Otherwise, eagerly, keys come from a global
-generator seeded by `torch.manual_seed` (or `jaxtorch.manual_seed`). Under tracing with
+generator seeded by `torch.manual_seed` (or `jaxtorch.manual_seed`). An op given a torch
+generator (`generator=g`, `torch.Generator(device="jax")` or a CPU one) draws its key from
+`g` instead, eagerly and in lazy mode; under a JAX trace that raises `GeneratorUnderTraceError`. Under tracing with
 no key given, `next_key` raises `MissingKeyError`: a key baked into a compiled function
 would repeat the same randomness at every call.
 
@@ -22,7 +24,7 @@ from typing import Any
 import jax
 from jax._src import core as _jax_core
 
-from ._errors import MissingKeyError
+from ._errors import GeneratorUnderTraceError, MissingKeyError
 
 _lock = threading.Lock()
 _global: dict[str, Any] = {"key": None, "seed": 0}
@@ -91,8 +93,49 @@ def key_scope(key):
         stack.pop()
 
 
-def next_key(op=None) -> jax.Array:
-    """A fresh PRNG key for one random op."""
+def take_generator(jargs: list, jkwargs: dict):
+    """Remove a torch `Generator` from a random op's arguments (`generator=` or positional) and
+    return it (None if there is none): it picks the op's key (`next_key`), the lowering never sees it.
+
+    Example: `next_key(op, take_generator(jargs, jkwargs))`.
+    """
+    import torch
+
+    g = jkwargs.pop("generator", None)
+    for i, a in enumerate(jargs):
+        if isinstance(a, torch._C.Generator):
+            g, jargs[i] = a, None
+    return g
+
+
+def key_from_generator(generator, op=None) -> jax.Array:
+    """A key drawn from a torch generator (`torch.Generator(device="jax")`, or a CPU one): one
+    63-bit number from the generator's own stream, which advances it. The same seed gives the
+    same keys; generators are independent of each other and of the default generator.
+
+    Under a JAX trace it raises `GeneratorUnderTraceError`: the draw would happen once, at trace
+    time, and the compiled function would repeat it at every call.
+
+    Example:
+        ```python
+        g = torch.Generator(device="jax").manual_seed(1)
+        k = key_from_generator(g)   # the same key after every `g.manual_seed(1)`
+        ```
+    """
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if not _jax_core.trace_state_clean():
+        raise GeneratorUnderTraceError(op)
+    with _disable_current_modes(), torch.no_grad():
+        v = int(torch.empty((), dtype=torch.int64, device="cpu").random_(generator=generator))
+    return jax.random.fold_in(jax.random.key(v & 0x7FFFFFFF), (v >> 31) & 0xFFFFFFFF)
+
+
+def next_key(op=None, generator=None) -> jax.Array:
+    """A fresh PRNG key for one random op (from `generator` when one is given)."""
+    if generator is not None:
+        return key_from_generator(generator, op)
     stack = getattr(_local, "stack", None)
     if stack and stack[-1][0] is not None:
         cell = stack[-1]

@@ -47,8 +47,19 @@ from ..core._lazy import LAZY
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._device import is_jax_device, jax_device_of
-from ..tensor._tensor import JaxTensor, make_view, rebind, root, root_data, set_root_data, write, write_many
+from ..tensor._tensor import (
+    JaxTensor,
+    labelled,
+    make_view,
+    rebind,
+    root,
+    root_data,
+    set_root_data,
+    write,
+    write_many,
+)
 from . import _foreach as foreach
+from . import _result_dtype
 from . import _writes as writes
 from ._routing import Kind, Route, route
 from ._routing import functional_sibling as _functional_sibling
@@ -152,12 +163,55 @@ _SCALAR_FACTORIES = frozenset(
 )
 
 
-def _wrap_out(out):
+def _wrap_out(out, func=None, args=(), kwargs=None):
+    """The op's JAX result as torch values; int32/uint32 arrays (x64 off) get torch's result
+    dtype for `func(*args, **kwargs)` (int32 or int64, see `_result_dtype`)."""
+    if func is not None and type(out) is not tuple and type(out) is not list:  # one array (the common case)
+        if _is_array(out) and out.dtype in _AMBIGUOUS and _result_dtype.ambiguous(out.dtype):
+            (dtype,) = _result_dtype.label(func, args, kwargs or {}, [out])
+            return JaxTensor(out, dtype=dtype)
+    elif func is not None and _has_ambiguous(out):
+        arrays: list = []
+        _arrays_of(out, arrays)
+        labels = iter(_result_dtype.label(func, args, kwargs or {}, arrays))
+        return _wrap_labelled(out, labels)
     if type(out) is _ArrayImpl or type(out) is _Lazy or isinstance(out, (jax.Array, _Tracer)):
         return JaxTensor(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_wrap_out(o) for o in out)
     return out
+
+
+def _is_array(x) -> bool:
+    return type(x) is _ArrayImpl or type(x) is _Lazy or isinstance(x, (jax.Array, _Tracer))
+
+
+def _has_ambiguous(out) -> bool:
+    if _is_array(out):
+        return out.dtype in _AMBIGUOUS and _result_dtype.ambiguous(out.dtype)
+    if isinstance(out, (list, tuple)):
+        return any(_has_ambiguous(o) for o in out)
+    return False
+
+
+def _arrays_of(out, acc: list) -> None:
+    if _is_array(out):
+        acc.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _arrays_of(o, acc)
+
+
+def _wrap_labelled(out, labels):
+    if _is_array(out):
+        dtype = next(labels)
+        return JaxTensor(out) if dtype is None else JaxTensor(out, dtype=dtype)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_labelled(o, labels) for o in out)
+    return out
+
+
+_AMBIGUOUS = _result_dtype.AMBIGUOUS
 
 
 # ---- runners --------------------------------------------------------------------------------
@@ -181,9 +235,9 @@ def _make_functional_runner(func, lowering):
     def run(ex: Executor, args, kwargs):
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
         out = ex.call(op, jargs, jkwargs)
-        if type(out) is _Lazy or type(out) is _ArrayImpl:  # (the common case, inline)
+        if (type(out) is _Lazy or type(out) is _ArrayImpl) and out.dtype not in _AMBIGUOUS:  # (the common case)
             return JaxTensor(out)
-        return _wrap_out(out)
+        return _wrap_out(out, func, args, kwargs)
 
     return run
 
@@ -221,7 +275,7 @@ def _make_view_runner(func, lowering):
         out = ex.call(op, jargs, jkwargs)
         base = args[0]
         if not isinstance(base, JaxTensor):
-            return _wrap_out(out)
+            return _wrap_out(out, func, args, kwargs)
         rest, kw = jargs[1:], jkwargs
         if isinstance(out, (list, tuple)):
             return type(out)(make_view(base, o, _ViewFn(op, rest, kw, i)) for i, o in enumerate(out))
@@ -358,7 +412,8 @@ def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
         out = ex.call(op, jargs, jkwargs)
         if not inplace:
-            return [JaxTensor(o) for o in out]
+            firsts = args[0] if isinstance(args[0], (list, tuple)) else [None] * len(out)  # (`_foreach_pow(2.0, xs)`)
+            return [labelled(o, t.dtype) if isinstance(t, JaxTensor) else JaxTensor(o) for o, t in zip(out, firsts)]
         if check_cast is not None:
             for t, r in zip(args[0], out):
                 check_cast(r, t)
@@ -498,7 +553,10 @@ def _to_copy(ex, args, kwargs):
     device = kwargs.get("device")
     dtype = kwargs.get("dtype")
     if device is not None and not is_jax_device(device):  # jax -> cpu
-        t = array_to_torch(x._concrete(f"copy to {device}"), copy=False) if isinstance(x, JaxTensor) else x
+        if isinstance(x, JaxTensor):
+            t = array_to_torch(x._concrete(f"copy to {device}"), copy=False, dtype=x.dtype)
+        else:
+            t = x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
     src = x._raw() if isinstance(x, JaxTensor) else None
     a = src if src is not None else tensor_to_jax(x)  # cpu -> jax
@@ -511,7 +569,7 @@ def _to_copy(ex, args, kwargs):
             a = jax.device_put(lazy.force(a, f"placement on {device}") if type(a) is _Lazy else a, d)
     if a is src and type(a) is not _Lazy:  # (a pending value is immutable: sharing it is a copy)
         a = a + 0 if a.dtype != np.bool_ else a.copy()  # a copy, as torch makes
-    return JaxTensor(a)
+    return labelled(a, dtype or x.dtype)  # the torch dtype asked for, or the source's
 
 
 def _copy_(ex, args, kwargs):
@@ -551,7 +609,7 @@ def _lift_fresh(ex, args, kwargs):
     x = args[0]
     if isinstance(x, JaxTensor) or not jax_by_default():
         return x
-    return JaxTensor(tensor_to_jax(x))
+    return labelled(tensor_to_jax(x), x.dtype)
 
 
 def _resized(a, size):
@@ -588,7 +646,7 @@ _SPECIAL: dict[Any, Callable] = {  # keyed by exactly `_routing.SPECIAL_OPS`
     aten.lift_fresh_copy.default: lambda ex, a, k: _to_copy(ex, a, {}),
     aten.detach.default: _alias_runner,
     aten.resize_.default: _resize_,
-    aten.resize.default: lambda ex, a, k: JaxTensor(_resized_any(a[0]._raw(), tuple(a[1]))),
+    aten.resize.default: lambda ex, a, k: labelled(_resized_any(a[0]._raw(), tuple(a[1])), a[0].dtype),
     aten.alias.default: _alias_runner,
 }
 
@@ -681,8 +739,8 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
     size = tuple(size)
     jd = scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)
     if _LAZY_ON[0] and _jax_core.trace_state_clean():  # recorded, not dispatched (see lazy.nullary)
-        return JaxTensor(lazy.nullary(("empty", size, jd), lambda: jnp.zeros(size, jd)))
-    return JaxTensor(jnp.zeros(size, jd))
+        return labelled(lazy.nullary(("empty", size, jd), lambda: jnp.zeros(size, jd)), dtype)
+    return labelled(jnp.zeros(size, jd), dtype)
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):

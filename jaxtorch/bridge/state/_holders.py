@@ -39,7 +39,7 @@ import torch
 
 from ..core import _pytrees as pytrees
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._tensor import JaxTensor, make_view, root, view_fn, view_key, was_written, write
+from ..tensor._tensor import JaxTensor, labelled, make_view, root, view_fn, view_key, was_written, write
 from ._binding import Binding
 
 # Optimizers whose capturable code path accepts a tensor learning rate.
@@ -317,7 +317,7 @@ class ArgState:
         return (
             self.treedef,
             tuple(freeze(s) for s in self.statics),
-            tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+            tuple((tuple(a.shape), str(a.dtype), getattr(t, "dtype", None)) for a, t in zip(arrays, self.tensors)),
             self.requiring_grad(),
             tuple((j, r, view_key(fn) or id(fn)) for j, (r, fn) in self.views.items()),
         )
@@ -332,7 +332,7 @@ class ArgState:
         that requires grad gives a leaf that requires grad (autograd inside the function works
         as in eager torch)."""
         grads = set(self.requiring_grad()) if torch.is_grad_enabled() else set()
-        inputs = [JaxTensor(a, requires_grad=j in grads) for j, a in enumerate(arrays)]
+        inputs = [_input(a, t, j in grads) for j, (a, t) in enumerate(zip(arrays, self.tensors))]
         for j, (r, fn) in self.views.items():  # arguments aliasing one root: views of one input
             inputs[j] = make_view(inputs[r], fn(inputs[r].elem), fn)
         leaves = [inputs[s] if isinstance(s, Slot) else s for s in self.statics]
@@ -505,3 +505,11 @@ def _merge(orig, new):
             delattr(orig, k)
         return orig
     return new
+
+
+def _input(a, t, requires_grad: bool) -> JaxTensor:
+    """An argument's array as a fresh tensor of the argument's torch dtype (int64 held as int32)."""
+    x = labelled(a, t.dtype) if isinstance(t, torch.Tensor) else JaxTensor(a)
+    if requires_grad:
+        x.requires_grad_(True)
+    return x

@@ -4,3 +4,5 @@
 `jax` device registration, every conversion between torch and JAX values, and the
 autograd glue (`call_jax`).
 """
+
+from . import _generator  # noqa: F401,E402  (makes `torch.Generator(device="jax")` work)

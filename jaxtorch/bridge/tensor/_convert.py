@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
+from ..core._dtypes import check_int_range, holds, scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
 from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
 from ._tensor import JaxTensor
 
@@ -50,8 +50,15 @@ def _is_jax_array(x) -> bool:
 
 
 # ---- no-copy views ------------------------------------------------------------------
+_INT32 = np.dtype("int32")
+
+
 def _torch_view_leaf(x):
     if _is_jax_array(x):
+        # JAX's default integer (int32 without x64) is torch's (int64): token ids, labels and indices
+        # handed to torch code are `long`, as torch code (one_hot, cross_entropy) expects
+        if x.dtype == _INT32 and not x64_enabled():
+            return JaxTensor(x, dtype=torch.int64)
         return JaxTensor(x)
     if _is_dtype_like(x):
         return to_torch_dtype(getattr(x, "dtype", x))
@@ -67,7 +74,10 @@ def _jax_view_leaf(x):
 
 
 def torch_view(tree: Any) -> Any:
-    """Wrap every `jax.Array` in `tree` as a `JaxTensor` (no copy); dtypes become torch dtypes."""
+    """Wrap every `jax.Array` in `tree` as a `JaxTensor` (no copy); dtypes become torch dtypes.
+
+    Without x64 an int32 array (JAX's default integer) is viewed as `torch.int64` (torch's), as
+    `call_torch` and `extract`'s `fn` hand their inputs to torch code; `to_torch` copies it as int32."""
     return tree_map(_torch_view_leaf, tree)
 
 
@@ -79,6 +89,7 @@ def jax_view(tree: Any) -> Any:
 # ---- real conversions -----------------------------------------------------------------
 _SMALL = 1 << 16  # bytes: below this a snapshot is a plain copy (cheaper than copy-on-write)
 _BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_WIDE_INTS = (torch.int64, torch.uint64)  # held in 32 bits without x64
 
 
 def _host_view(t: torch.Tensor) -> np.ndarray:
@@ -228,7 +239,10 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
         t = t.contiguous()  # new memory nothing else writes: sharing it is a snapshot
         share = True
     if target != _np_dtype(t.dtype):  # int64 stored as int32 without x64: a converted copy
-        host = _host_view(t).astype(target)
+        host = _host_view(t)
+        if host.size and t.dtype in _WIDE_INTS:  # never wrap: out-of-range values raise Int64Error
+            check_int_range(int(host.min()), int(host.max()), t.dtype, "a tensor converted to JAX")
+        host = host.astype(target)
     else:
         host = _host_view(t) if share else _host_snapshot(t)
     return jax.device_put(host, device)
@@ -285,13 +299,15 @@ def _np_dtype(dtype: torch.dtype) -> np.dtype:
     return _TORCH_TO_NP[dtype]
 
 
-def array_to_torch(a, *, copy: bool = True) -> torch.Tensor:
+def array_to_torch(a, *, copy: bool = True, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A `jax.Array` -> plain CPU `torch.Tensor`.
 
     With `copy=False` the tensor may share the array's memory (DLPack): only for callers
     that read it at once (`dst.copy_(array_to_torch(a, copy=False))`), since a torch write
     to it would change a JAX array, which must never change. torch cannot make memory it
-    did not allocate copy-on-write, so the default copies.
+    did not allocate copy-on-write, so the default copies. `dtype` is the torch dtype of the
+    tensor the array came from, when the array stores it (a `torch.int64` tensor held as
+    int32 without x64 comes back `torch.int64`); by default, the array's own dtype.
     """
     if isinstance(a, jax.core.Tracer):
         from ..core._errors import DataDependentError
@@ -299,7 +315,7 @@ def array_to_torch(a, *, copy: bool = True) -> torch.Tensor:
         raise DataDependentError("conversion to a CPU torch.Tensor", "A traced value has no data yet.")
     _check_not_key(a)
     a = jnp.asarray(a)
-    want = to_torch_dtype(a.dtype)
+    want = dtype if dtype is not None and holds(dtype, a.dtype) else to_torch_dtype(a.dtype)
     try:
         if not a.is_fully_addressable or len(a.sharding.device_set) > 1:
             raise ValueError
@@ -339,7 +355,7 @@ def _to_jax_leaf(x):
 
 def _to_torch_leaf(x):
     if isinstance(x, JaxTensor):
-        return array_to_torch(x.elem)
+        return array_to_torch(x.elem, dtype=x.dtype)
     if _is_jax_array(x):
         return array_to_torch(x)
     if _is_dtype_like(x):

@@ -40,8 +40,7 @@ _Lazy = _lazy.LazyArray
 # Wrapper tensors own no memory; a large virtual storage size (never allocated) lets
 # `rebind` change their shape in place with `as_strided_`.
 _VIRTUAL_STORAGE = 1 << 40
-_TORCH_DTYPE: dict = {}  # jax dtype -> torch dtype, for the dtypes whose torch dtype ignores x64
-_X64_DEPENDENT = frozenset({np.dtype("int32"), np.dtype("uint32")})  # int64/uint64 without x64
+_TORCH_DTYPE: dict = {}  # jax dtype -> the torch dtype of a bare array of it (int32 -> torch.int32)
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
@@ -78,12 +77,12 @@ class JaxTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
+        # `dtype`: the tensor's torch dtype when it is not the array's own (a `torch.int64`
+        # tensor held as int32 without x64); by default, the array's own (int32 -> torch.int32)
         if dtype is None:
             dtype = _TORCH_DTYPE.get(elem.dtype)
-            if dtype is None:  # int32/uint32 (their torch dtype depends on x64) or not seen yet
-                dtype = to_torch_dtype(elem.dtype)
-                if elem.dtype not in _X64_DEPENDENT:
-                    _TORCH_DTYPE[elem.dtype] = dtype
+            if dtype is None:  # not seen yet
+                dtype = _TORCH_DTYPE[elem.dtype] = to_torch_dtype(elem.dtype)
         if requires_grad:
             r = torch.Tensor._make_wrapper_subclass(
                 cls, elem.shape, dtype=dtype, device=JAX_DEVICE, requires_grad=True, storage_size=_VIRTUAL_STORAGE
@@ -213,8 +212,9 @@ class JaxTensor(torch.Tensor):
         return self._concrete("Tensor.jax()")
 
     def apply_jax(self, fn: Callable, *args, **kwargs) -> JaxTensor:
-        """A new tensor holding `fn(self.jax(), *args, **kwargs)`."""
-        return JaxTensor(fn(self.elem, *args, **kwargs))
+        """A new tensor holding `fn(self.jax(), *args, **kwargs)` (this tensor's dtype when the
+        result is stored as this tensor is: an int64 tensor held as int32 stays int64)."""
+        return labelled(fn(self.elem, *args, **kwargs), self.dtype)
 
     def apply_jax_(self, fn: Callable, *args, **kwargs) -> JaxTensor:
         """Replace this tensor's data with `fn(self.jax(), *args, **kwargs)` (same shape); returns self."""
@@ -279,6 +279,21 @@ def unwrap(x) -> Any:
     return x
 
 
+def labelled(elem, dtype: torch.dtype) -> JaxTensor:
+    """`JaxTensor(elem)` with torch dtype `dtype` when `elem` is stored as `dtype` is (an int64
+    tensor held as int32 without x64), else the array's own dtype.
+
+    Example: `labelled(jnp.zeros(2, jnp.int32), torch.int64).dtype` is `torch.int64` without x64.
+    """
+    if _TORCH_DTYPE.get(elem.dtype) is dtype:  # (the common case: the array's own dtype)
+        return JaxTensor(elem, dtype=dtype)
+    try:
+        jd = to_jax_dtype(dtype)
+    except TypeError:  # (Float64Error is one) no JAX storage for `dtype`: the array's own
+        return JaxTensor(elem)
+    return JaxTensor(elem, dtype=dtype) if elem.dtype == jd else JaxTensor(elem)
+
+
 def make_view(base: JaxTensor, elem, view_fn: Callable | None) -> JaxTensor:
     """A tensor aliasing `base`: reading it replays `view_fn` on the root's data."""
     root = base._jt_base
@@ -292,7 +307,7 @@ def make_view(base: JaxTensor, elem, view_fn: Callable | None) -> JaxTensor:
             fn = view_fn
         else:
             fn = _Compose(view_fn, outer)
-    t = JaxTensor(elem)
+    t = labelled(elem, base.dtype)  # a view keeps its base's dtype unless it reinterprets the data
     t._jt_base = root
     t._jt_view_fn = fn if fn is not None else _identity
     t._jt_version = root._jt_version

@@ -1,0 +1,98 @@
+"""`torch.Generator(device="jax")`: seeded generators for random ops on the jax device.
+
+torch builds a generator for a PrivateUse1 device through C++ hooks that a Python backend
+cannot register, so `torch.Generator(device="jax")` raised `NotImplementedError`. jaxtorch
+puts a thin `torch.Generator` in its place: `torch.Generator(device="jax")` gives a
+`JaxGenerator`, and any other device gives torch's own generator, unchanged
+(`isinstance(g, torch.Generator)` holds for both, as before).
+
+A `JaxGenerator` is a torch generator whose stream is the CPU generator's (so `manual_seed`,
+`seed`, `initial_seed`, `get_state`/`set_state`, `clone_state` and pickling are torch's own)
+and whose `device` is `jax`. A random op on the jax device given `generator=g` draws its JAX
+key from `g` (one number from `g`'s stream, see `core._random.key_from_generator`): the same
+seed gives the same draws, generators are independent of each other and of the default
+generator (`torch.manual_seed`), which a draw from `g` leaves unchanged. A CPU generator given
+to a jax-device op is used the same way (its own stream), so `torch.Generator().manual_seed(0)`
+seeds jax draws reproducibly too. The draws differ from CPU torch's numbers (JAX's PRNG).
+
+Example:
+    ```python
+    g = torch.Generator(device="jax").manual_seed(1)
+    a = torch.randn(3, generator=g, device="jax")
+    g.manual_seed(1)
+    b = torch.randn(3, generator=g, device="jax")   # equal to a
+    ```
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._device import JAX_DEVICE, is_jax_device
+
+_TorchGenerator = torch._C.Generator  # torch's own class (what `torch.Generator` was)
+
+
+class JaxGenerator(_TorchGenerator):
+    """A torch generator for the jax device (its stream is held by a CPU generator)."""
+
+    @staticmethod
+    def __new__(cls, device=None):
+        return _TorchGenerator.__new__(cls, "cpu")
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        """`jax:0`: ops on the jax device take it."""
+        return JAX_DEVICE
+
+    def __reduce__(self):
+        return (_new_jax_generator, (self.get_state(),))
+
+    def __repr__(self) -> str:
+        return f"<torch.Generator device='jax' initial_seed={self.initial_seed()}>"
+
+
+def _new_jax_generator(state: torch.Tensor) -> JaxGenerator:
+    g = JaxGenerator()
+    g.set_state(state)
+    return g
+
+
+_GeneratorMeta: type = type(_TorchGenerator)  # (torch's generator class has its own metaclass)
+
+
+class _GeneratorType(_GeneratorMeta):
+    """`isinstance(g, torch.Generator)` for every torch generator, as before the replacement."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, _TorchGenerator)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, _TorchGenerator)
+
+
+class Generator(_TorchGenerator, metaclass=_GeneratorType):
+    """`torch.Generator(device=...)`: a `JaxGenerator` for the jax device, torch's own otherwise."""
+
+    @staticmethod
+    def __new__(cls, device=None):
+        if is_jax_device(device):
+            return JaxGenerator()
+        return _TorchGenerator() if device is None else _TorchGenerator(device)
+
+
+Generator.__module__ = "torch"
+Generator.__qualname__ = Generator.__name__ = "Generator"
+Generator.__doc__ = _TorchGenerator.__doc__
+
+
+def install() -> None:
+    """Make `torch.Generator(device="jax")` work (idempotent).
+
+    Example: `install(); g = torch.Generator(device="jax").manual_seed(0)`.
+    """
+    if torch.Generator is _TorchGenerator:
+        torch.Generator = Generator  # type: ignore[misc]
+
+
+install()
