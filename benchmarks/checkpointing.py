@@ -31,7 +31,7 @@ def _programs_recorded(record: list):
 
     def spy(fn, **kw):
         jitted = original(fn, **kw)
-        if "traced" not in getattr(fn, "__qualname__", ""):  # (eager ops' own jits)
+        if not any(s in getattr(fn, "__qualname__", "") for s in ("traced", "_with_vjp")):  # (eager ops' own jits)
             return jitted
 
         def call(*args):

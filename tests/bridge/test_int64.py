@@ -75,8 +75,8 @@ def test_values_at_the_int32_bounds_are_exact(env, value):
     assert t.to("jax").cpu().tolist() == [value, 0]
     assert jaxtorch.to_jax(t).tolist() == [value, 0]
     assert torch.full((1,), value, device="jax").cpu().tolist() == [value]
-    params, _ = jaxtorch.extract(_Counter(value))
-    assert params["count"].tolist() == [value, 5]
+    _, fn = jaxtorch.extract(_Counter(value))
+    assert fn.state["count"].tolist() == [value, 5]  # a buffer: state, not params
 
 
 def test_lazy_mode_factories_raise(env):
@@ -98,6 +98,6 @@ def test_exact_with_x64(env, x64, name):
 
 def test_extract_exact_with_x64(x64):
     params, fn = jaxtorch.extract(_Counter(BIG))
-    assert params["count"].dtype == jnp.int64 and params["count"].tolist() == [BIG, 5]
+    assert fn.state["count"].dtype == jnp.int64 and fn.state["count"].tolist() == [BIG, 5]
     out = fn(params, jnp.zeros((1, 2), jnp.float32))
     assert out.shape == (1, 2)

@@ -208,9 +208,10 @@ def test_counter_buffer_is_carried_by_mutable_extract():
     m = CounterBuffer()
     params, fn = jaxtorch.extract(m, mutable=True)
     step = jax.jit(fn)
+    state = fn.state
     for _ in range(3):
-        _, params = step(params, jnp.ones((2, 3)))
-    assert float(params["count"]) == 3.0
+        _, state = step(params, jnp.ones((2, 3)), state=state)
+    assert float(state["count"]) == 3.0
     assert float(m.count) == 0.0  # the module is left as found
 
 

@@ -441,6 +441,9 @@ def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
         aux[("aliases", key)] = aliases
         return out
 
+    # the module it runs (a module, or a bound method's), so `_run_torch`'s explicit-axes region
+    # (`state._mesh_axes.auto_axes`) finds that module's sharded tensors through the wrapper
+    noted.__self__ = getattr(call, "__self__", call)  # type: ignore[attr-defined]
     return noted
 
 

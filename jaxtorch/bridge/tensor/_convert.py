@@ -317,8 +317,9 @@ def array_to_torch(a, *, copy: bool = True, dtype: torch.dtype | None = None) ->
     a = jnp.asarray(a)
     want = dtype if dtype is not None and holds(dtype, a.dtype) else to_torch_dtype(a.dtype)
     try:
-        if not a.is_fully_addressable or len(a.sharding.device_set) > 1:
-            raise ValueError
+        devices = a.sharding.device_set
+        if not a.is_fully_addressable or len(devices) > 1 or next(iter(devices)).platform != "cpu":
+            raise ValueError  # (DLPack of a GPU array would give a CUDA tensor: this returns CPU tensors)
         t = torch.from_dlpack(a)
         if copy:
             t = t.clone()
