@@ -100,7 +100,12 @@ def _extract(module: torch.nn.Module):
     """`extract`'s params and forward; buffers a train-mode forward writes (BatchNorm statistics)
     come back from the mutable function, which this drops (a non-mutable one refuses the write)."""
     params, fn = jaxtorch.extract(module, mutable=True)
-    return params, lambda p, *args, **kwargs: fn(p, *args, **kwargs)[0]
+
+    def forward(p, *args, **kwargs):
+        return fn(p, *args, **kwargs)[0]
+
+    forward.state = fn.state  # type: ignore[attr-defined]  # (the snapshot the grad check compares)
+    return params, forward
 
 
 def run_sample(info, sample, training: bool, mode: str) -> None:

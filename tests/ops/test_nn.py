@@ -508,10 +508,10 @@ def test_cnn_train_on_jax_device_backward():
 
 def test_cnn_train_mode_dropout_under_jit_needs_and_uses_rng():
     m = SmallCNN().train()
-    params, fn = jaxtorch.extract(m)
+    params, fn = jaxtorch.extract(m, mutable=True)  # (train-mode BatchNorm writes its statistics)
     x = _jax(torch.randn(2, 3, 16, 16))
-    a = jax.jit(fn)(params, x, rng=jax.random.key(0))
-    b = jax.jit(fn)(params, x, rng=jax.random.key(1))
+    a, _ = jax.jit(fn)(params, x, rng=jax.random.key(0))
+    b, _ = jax.jit(fn)(params, x, rng=jax.random.key(1))
     assert a.shape == (2, 10) and not np.allclose(a, b)
 
 

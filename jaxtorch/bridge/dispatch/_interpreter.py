@@ -490,6 +490,7 @@ def _serialized(run: Callable) -> Callable:
         with lazy.STATE_LOCK:
             return run(ex, args, kwargs)
 
+    locked.__name__ = run.__name__  # (the runner's kind stays readable: `unsupported` for a missing op)
     return locked
 
 
