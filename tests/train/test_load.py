@@ -357,7 +357,6 @@ def test_extract_of_mmapped_from_pretrained_keeps_no_second_copy(tmp_path):
 
 
 def test_make_train_step_of_meta_model_with_loaded_weights(saved, meta_model):
-    import inspect
 
     import optax
 
@@ -367,8 +366,6 @@ def test_make_train_step_of_meta_model_with_loaded_weights(saved, meta_model):
     init, step = make_train_step(
         meta_model, lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out.logits, y).mean(), optax.sgd(0.1)
     )
-    if "model_state" not in inspect.signature(init).parameters:
-        pytest.skip("init(params, model_state) comes with extract's params/state split")
     params, state = load_params(meta_model, path)
     ts = init(params, state)
     ids = jnp.asarray(IDS)
