@@ -470,3 +470,85 @@ def test_region_closing_over_a_tensor_with_history_runs_torchs_checkpoint(weight
 
     step(net, x.to("jax"))
     torch.testing.assert_close(net.weight.grad.cpu(), ref)
+
+
+# ---- hostile inputs to the remat path -----------------------------------------------------------
+def test_region_returning_its_argument_or_a_view_aliases_it_as_torch_does():
+    """torch's non-reentrant checkpoint returns what the function returns: the argument itself,
+    or a view a later in-place write goes through. Such a region is handed to torch's
+    checkpoint under a trace too, so the aliasing holds."""
+
+    def f(x):
+        same = checkpoint(lambda h: h, x, use_reentrant=False)
+        view = checkpoint(lambda h: h[0], x, use_reentrant=False)
+        view.add_(10)
+        return same is x, x.clone()
+
+    ref_same, ref = f(torch.arange(6.0).reshape(2, 3))
+
+    @jaxtorch.jit
+    def g(x):
+        same, out = f(x)
+        assert same == ref_same
+        return out
+
+    torch.testing.assert_close(g(torch.arange(6.0).reshape(2, 3).to("jax")).cpu(), ref)
+
+
+def test_a_region_that_raises_leaves_state_as_it_was():
+    """An error inside the region propagates; the writes it made before are undone (no traced
+    value stays in a module tensor), and the module works afterwards."""
+
+    class Raising(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn, self.fail = torch.nn.BatchNorm1d(3), True
+
+        def region(self, h):
+            h = self.bn(h)
+            if self.fail:
+                raise ValueError("boom")
+            return h
+
+        def forward(self, x):
+            return checkpoint(self.region, x, use_reentrant=False).sum()
+
+    m = Raising().train()
+    params, fn = jaxtorch.extract(m, mutable=True)
+    x = jax.numpy.arange(12.0).reshape(4, 3)
+    with pytest.raises(ValueError, match="boom"):
+        jax.jit(fn)(params, x)
+    assert int(m.bn.num_batches_tracked) == 0
+    torch.testing.assert_close(m.bn.running_mean, torch.zeros(3))
+    m.fail = False
+    _, state = jax.jit(fn)(params, x)
+    assert int(state["bn.num_batches_tracked"]) == 1
+
+
+def test_nested_regions_and_vmap_under_jax_grad():
+    """A checkpoint inside a checkpoint, under jax.vmap and jax.grad: both are regions and the
+    per-example gradients equal the unchecked function's."""
+
+    class Nest(torch.nn.Module):
+        def __init__(self, ckpt):
+            super().__init__()
+            self.ckpt, self.a, self.b = ckpt, torch.nn.Linear(5, 5), torch.nn.Linear(5, 5)
+
+        def forward(self, x):
+            inner = lambda h: self.b(h).tanh()  # noqa: E731
+            outer = lambda h: checkpoint(inner, self.a(h), use_reentrant=False) if self.ckpt else inner(self.a(h))  # noqa: E731
+            return (checkpoint(outer, x, use_reentrant=False) if self.ckpt else outer(x)).square().sum()
+
+    torch.manual_seed(0)
+    plain, nested = Nest(False), Nest(True)
+    nested.load_state_dict(plain.state_dict())
+    xs = jax.random.normal(jax.random.key(0), (3, 5))
+    grads, counts = [], []
+    for m in (plain, nested):
+        params, fn = jaxtorch.extract(m)
+        g = jax.vmap(jax.grad(lambda p, x, fn=fn: fn(p, x)), in_axes=(None, 0))
+        counts.append(_count(jax.make_jaxpr(g)(params, xs).jaxpr))
+        grads.append(g(params, xs))
+    assert counts[0] == 0 and counts[1] >= 2  # (JAX's AD may copy a nested region into forward and backward)
+    for n in grads[0]:
+        assert jax.numpy.allclose(grads[0][n], grads[1][n], rtol=1e-6, atol=1e-6), n

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -68,15 +69,21 @@ class _Writes:
     the region (its data is not a value of the region's own trace) and the data it had."""
 
     def __init__(self, trace):
-        self.trace = trace
+        self.trace, self.thread = trace, threading.get_ident()
         self.roots: dict[int, tuple[JaxTensor, Any, tuple]] = {}
 
+    def made_here(self, data) -> bool:
+        """Whether `data` is a value of the region's own trace."""
+        return isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is self.trace
+
     def __call__(self, t: JaxTensor) -> None:
+        if not isinstance(t, JaxTensor) or threading.get_ident() != self.thread:
+            return  # (a CPU tensor: the write rule's; another thread's write)
         r = root(t)
         if id(r) in self.roots:
             return
         old = root_data(r)
-        if isinstance(old, jax.core.Tracer) and getattr(old, "_trace", None) is self.trace:
+        if self.made_here(old):
             return  # made inside the region
         self.roots[id(r)] = (r, old, tuple(r.shape))
 
@@ -134,6 +141,7 @@ class _Region:
     out_shapes: list  # `jax.ShapeDtypeStruct` of each output tensor
     written: list[tuple[JaxTensor, Any]]  # the roots from outside it that the region writes, with the data they had
     grad_inputs: list[JaxTensor] | None  # None: reaches a non-leaf tensor from outside
+    aliases: bool  # a result is (a view of) an argument or another tensor from outside
 
     def __call__(self, arrays: list, key, consts: list):
         flat = jax.tree_util.tree_leaves((arrays, key))
@@ -172,6 +180,9 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
         if any(not isinstance(o, JaxTensor) for o in tensors):
             raise TypeError("jaxtorch: a checkpointed function returned a tensor not on the jax device.")
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in out_leaves]
+        # a result that is (a view of) an argument or a tensor from outside aliases it: torch's way
+        mine = {id(x) for x in inner}
+        info["aliases"] = any(id(root(o)) in mine or not writes.made_here(root_data(o)) for o in tensors)
         info["out_dtypes"] = [o.dtype for o in tensors]
         info["written"] = [(r, old) for r, old, _ in written]
         info["grad_inputs"] = _grad_inputs(tensors, inner, start) if grad_on else []
@@ -180,7 +191,7 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
     closed, shapes = jax.make_jaxpr(region, return_shape=True)([t._raw() for t in inputs], key)
     return _Region(
         closed.jaxpr, list(closed.consts), jax.tree_util.tree_structure(shapes), info["out_spec"],
-        info["out_leaves"], info["out_dtypes"], shapes[0], info["written"], info["grad_inputs"],
+        info["out_leaves"], info["out_dtypes"], shapes[0], info["written"], info["grad_inputs"], info["aliases"],
     )  # fmt: skip
 
 
@@ -259,7 +270,7 @@ def checkpoint(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool
     cell = stack[-1] if stack and stack[-1][0] is not None else None
     key = None if cell is None else cell[0]
     region = _trace(function, flat, spec, at, key, grad_on)
-    if region.grad_inputs is None:
+    if region.grad_inputs is None or region.aliases:
         return FALLBACK
     if reentrant and region.grad_inputs and not any(t.requires_grad for t in inputs):
         return FALLBACK  # torch's reentrant checkpoint: no input requires grad, so the region gives no gradients
