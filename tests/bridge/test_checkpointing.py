@@ -552,3 +552,48 @@ def test_nested_regions_and_vmap_under_jax_grad():
     assert counts[0] == 0 and counts[1] >= 2  # (JAX's AD may copy a nested region into forward and backward)
     for n in grads[0]:
         assert jax.numpy.allclose(grads[0][n], grads[1][n], rtol=1e-6, atol=1e-6), n
+
+
+@pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
+def test_hf_gradient_checkpointing_in_make_train_step_is_remat(llama_cpu, reentrant):
+    """make_train_step of a Llama after gradient_checkpointing_enable(): each decoder layer is a
+    jax.checkpoint region in the step, and two SGD steps give the unchecked model's losses and
+    weights."""
+    import optax
+
+    def loss_fn(out, _):
+        return out.loss
+
+    ids = jaxtorch.to_jax(_ids())
+    results = []
+    for ckpt in (False, True):
+        model = copy.deepcopy(llama_cpu)
+        if ckpt:
+            model.gradient_checkpointing_enable({"use_reentrant": reentrant})
+        init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.sgd(0.1), jit=False)
+        state = init()
+        regions = _count(jax.make_jaxpr(lambda s: step(s, {"input_ids": ids, "labels": ids}, None))(state).jaxpr)
+        losses = []
+        for _ in range(2):
+            state, loss = jax.jit(step)(state, {"input_ids": ids, "labels": ids}, None)
+            losses.append(float(loss))
+        results.append((regions, losses, state.params))
+    assert results[0][0] == 0 and results[1][0] == llama_cpu.config.num_hidden_layers
+    assert results[1][1] == pytest.approx(results[0][1], rel=1e-5)
+    for n in results[0][2]:
+        assert jax.numpy.allclose(results[0][2][n], results[1][2][n], rtol=1e-5, atol=1e-6), n
+
+
+@pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
+def test_hf_gradient_checkpointing_through_compiled_module_backward(llama_cpu, llama_reference, globally, reentrant):
+    """`jaxtorch.compile(model)(...).loss.backward()`: the compiled call's VJP differentiates the
+    regions (jax.checkpoint under jax.vjp); the gradients equal eager CPU torch's."""
+    loss0, g0 = llama_reference
+    model = copy.deepcopy(llama_cpu).to("jax")
+    model.gradient_checkpointing_enable({"use_reentrant": reentrant})
+    ids = _ids().to("jax")
+    loss = jaxtorch.compile(model)(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert float(loss.detach().cpu()) == pytest.approx(loss0, rel=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.cpu(), g0[n], rtol=1e-4, atol=1e-6, msg=n)
