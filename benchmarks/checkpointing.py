@@ -1,12 +1,18 @@
-"""Activation checkpointing: compiled memory of a Llama train step with and without it.
+"""Activation checkpointing: memory of a Llama train step with and without it.
 
 One `jaxtorch.jit` train step (forward, `loss.backward()`) of a Llama built from a small
 config (random weights), compiled three ways: no checkpointing, and Hugging Face's
-`gradient_checkpointing_enable()` with `use_reentrant=False` and `True`. The figure is XLA's
-own memory plan for the compiled program (`compiled.memory_analysis()`: temporary buffers,
-deterministic, no run needed), next to a pure-JAX reference (`jax.checkpoint` of an MLP
-stack) showing what the backend's scheduler makes of remat. Gradients of the checkpointed
-steps are compared with the unchecked step's.
+`gradient_checkpointing_enable()` with `use_reentrant=False` and `True`; then the JAX-first
+path (`extract` + `jax.grad`, as `make_train_step` differentiates) without and with it.
+Two deterministic figures per program, no run needed:
+
+- XLA's own memory plan (`compiled.memory_analysis()`, temporary buffers): it depends on the
+  backend's scheduler (on the CPU even pure JAX's `jax.checkpoint` saves nothing);
+- the in-order peak of live bytes (`benchmarks/_liveness.py`): the program's equations run
+  in their traced order, each value freed after its last use. This is what remat changes.
+
+A pure-JAX reference (`jax.checkpoint` of an MLP stack) shows both figures for JAX's own
+remat. Gradients of the checkpointed steps are compared with the unchecked step's.
 
     PYTHONPATH=$PWD python benchmarks/checkpointing.py             # default backend
     PYTHONPATH=$PWD python benchmarks/checkpointing.py --layers 8 --seq 1024
@@ -22,6 +28,7 @@ import torch
 import transformers
 
 import jaxtorch
+from benchmarks._liveness import peak_live_bytes
 
 
 @contextlib.contextmanager
@@ -51,8 +58,13 @@ def _temp_mib(jitted, args) -> float:
     return jitted.lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**20
 
 
+def _live_mib(jitted, args) -> float:
+    return peak_live_bytes(jitted.trace(*args).jaxpr) / 2**20
+
+
 def llama_step(cfg, ids, mode: str):
-    """(temp MiB of the compiled step, loss, grads) for checkpointing `mode`: none / reentrant / non-reentrant."""
+    """(XLA temp MiB, in-order peak live MiB, loss, grads) of a `jaxtorch.jit` step with
+    `loss.backward()` inside, for checkpointing `mode`: none / reentrant / non-reentrant."""
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).train().to("jax")
     if mode != "none":
@@ -62,18 +74,36 @@ def llama_step(cfg, ids, mode: str):
     def step(model, ids):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        return loss
+        return loss.detach()  # (a loss that requires grad makes the program a VJP for a second backward)
 
     record: list = []
     with _programs_recorded(record):
         loss = step(model, ids)
     jitted, args = record[-1]
     grads = {n: p.grad.cpu() for n, p in model.named_parameters()}
-    return _temp_mib(jitted, args), float(loss.cpu()), grads
+    return _temp_mib(jitted, args), _live_mib(jitted, args), float(loss.cpu()), grads
 
 
-def jax_reference(layers: int, batch: int, dim: int) -> tuple[float, float]:
-    """Temp MiB of `jax.grad` of an MLP stack without and with `jax.checkpoint` per block."""
+def jax_first_step(cfg, ids, mode: str):
+    """(XLA temp MiB, in-order peak live MiB) of `jax.jit(jax.grad(loss))` of the model's
+    `extract`ed function: the JAX-first path (`make_train_step` differentiates the same way)."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    if mode != "none":
+        model.gradient_checkpointing_enable({"use_reentrant": mode == "reentrant"})
+    params, fn = jaxtorch.extract(model)
+    x = jaxtorch.to_jax(ids)
+
+    def loss(params, x):
+        return fn(params, input_ids=x, labels=x).loss
+
+    grad = jax.jit(jax.grad(loss))
+    return _temp_mib(grad, (params, x)), _live_mib(grad, (params, x))
+
+
+def jax_reference(layers: int, batch: int, dim: int) -> tuple[float, float, float, float]:
+    """XLA temp MiB and in-order peak live MiB of `jax.grad` of an MLP stack, without and
+    with `jax.checkpoint` per block."""
 
     def block(p, x):
         return x + jax.nn.gelu(x @ p[0]) @ p[1]
@@ -90,8 +120,8 @@ def jax_reference(layers: int, batch: int, dim: int) -> tuple[float, float]:
     out = []
     for remat in (False, True):
         g = jax.jit(jax.grad(lambda ps, x, r=remat: loss(ps, x, r)))
-        out.append(_temp_mib(g, (ps, x)))
-    return out[0], out[1]
+        out += [_temp_mib(g, (ps, x)), _live_mib(g, (ps, x))]
+    return out[0], out[2], out[1], out[3]
 
 
 def main() -> None:
@@ -114,16 +144,24 @@ def main() -> None:
     ids = torch.randint(0, 512, (a.batch, a.seq), generator=torch.Generator().manual_seed(1)).to("jax")
     where = f"{jax.default_backend()} ({jax.devices()[0].device_kind})"
     print(f"backend: {where}; Llama {a.layers} layers, hidden {a.hidden}, batch {a.batch} x seq {a.seq}")
+    print(f"{'':34s} {'XLA temp':>10s} {'in-order peak':>14s}")
     jaxtorch.enable_globally()
-    base_mib, base_loss, base_grads = llama_step(cfg, ids, "none")
-    print(f"  no checkpointing:                 temp {base_mib:8.1f} MiB  loss {base_loss:.6f}")
+    base_mib, base_live, base_loss, base_grads = llama_step(cfg, ids, "none")
+    print(f"  jit, no checkpointing:            {base_mib:7.1f} MiB {base_live:10.1f} MiB  loss {base_loss:.6f}")
     for mode in ("non-reentrant", "reentrant"):
-        mib, loss, grads = llama_step(cfg, ids, mode)
+        mib, live, loss, grads = llama_step(cfg, ids, mode)
         diff = max((grads[n] - g).abs().max().item() for n, g in base_grads.items())
-        print(f"  checkpointing ({mode:13s}):  temp {mib:8.1f} MiB  loss {loss:.6f}  max |grad diff| {diff:.2e}")
+        print(
+            f"  jit, checkpointing ({mode:13s}): {mib:7.1f} MiB {live:10.1f} MiB  loss {loss:.6f}"
+            f"  max |grad diff| {diff:.2e}"
+        )
     jaxtorch.disable_globally()
-    plain, remat = jax_reference(a.layers, a.batch * a.seq, a.hidden)
-    print(f"  pure JAX MLP stack reference:     temp {plain:8.1f} MiB  -> jax.checkpoint {remat:8.1f} MiB")
+    for mode in ("none", "non-reentrant"):
+        mib, live = jax_first_step(cfg, ids, mode)
+        print(f"  extract + jax.grad, {mode:13s}: {mib:7.1f} MiB {live:10.1f} MiB")
+    plain, remat, plain_live, remat_live = jax_reference(a.layers, a.batch * a.seq, a.hidden)
+    print(f"  pure JAX MLP stack, plain:        {plain:7.1f} MiB {plain_live:10.1f} MiB")
+    print(f"  pure JAX MLP stack, jax.checkpoint:{remat:6.1f} MiB {remat_live:10.1f} MiB")
 
 
 if __name__ == "__main__":

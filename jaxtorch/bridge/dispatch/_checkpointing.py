@@ -1,5 +1,8 @@
 """Activation checkpointing (`torch.utils.checkpoint`) on the jax device.
 
+Under a JAX trace (`jaxtorch.jit`, an `extract`ed function under `jax.jit`/`jax.grad`,
+`make_train_step`) a checkpointed region on jax tensors becomes one `jax.checkpoint`
+(`_remat`): `checkpoint` below is where torch's function sends its calls. Elsewhere
 torch's own checkpoint runs unchanged (both `use_reentrant=True` and `False`, and Hugging
 Face's `gradient_checkpointing_enable()`, which calls it). For calls whose tensor arguments
 are on the jax device, two things are added where torch's entry points call the function
@@ -9,10 +12,11 @@ they checkpoint (`CheckpointFunction.apply`, `_checkpoint_without_reentrant_gene
   draws the same keys as the forward did, from jaxtorch's generator or, under
   `jaxtorch.compile`/`jit`/`call_torch(rng=...)`, from the call's key (so dropout masks
   match and the gradients equal the unchecked run's);
-- **remat under a trace**: in a traced program (and a lazy one) the recomputation's tensor
-  inputs pass through `jax.lax.optimization_barrier`, as `jax.checkpoint` does: XLA cannot
-  merge the recomputed activations with the forward's (common-subexpression elimination
-  would otherwise undo the checkpoint and keep every activation alive).
+- **barrier**: in a lazy program (and a traced one that `_remat` hands back to torch: a
+  region reading a non-leaf tensor from outside, `context_fn`, `debug`) the recomputation's
+  tensor inputs pass through `jax.lax.optimization_barrier`, as `jax.checkpoint` does: XLA
+  cannot merge the recomputed activations with the forward's (common-subexpression
+  elimination would otherwise undo the checkpoint and keep every activation alive).
 
 Example:
     ```python
@@ -21,7 +25,7 @@ Example:
     @jaxtorch.jit
     def step(model, opt, x):
         loss = checkpoint(model.block, x, use_reentrant=False).sum()
-        loss.backward()           # the block is recomputed inside the one program
+        loss.backward()           # the block is a jax.checkpoint inside the one program
         opt.step()
     ```
 """
@@ -38,6 +42,7 @@ import torch.utils.checkpoint as _tc
 
 from ..core import _lazy, _random, _tracing
 from ..tensor._tensor import JaxTensor
+from . import _remat
 
 _original_generator = _tc._checkpoint_without_reentrant_generator
 _OriginalFunction = _tc.CheckpointFunction
@@ -169,10 +174,56 @@ class CheckpointFunction(_OriginalFunction):
         return _OriginalFunction.backward(ctx, *grads)
 
 
+# ---- the entry point: a region under a JAX trace becomes a `jax.checkpoint` (`_remat`) ------
+_torch_checkpoint: list[Callable] = []  # torch's checkpoint as its wrapper would call it (made on first use)
+
+
+def _original(*args, **kwargs):
+    if not _torch_checkpoint:
+        import torch._dynamo
+
+        _torch_checkpoint.append(torch._dynamo.disable(_tc.checkpoint.__wrapped__, True, wrapping=False))
+    return _torch_checkpoint[0](*args, **kwargs)
+
+
+def checkpoint(
+    function,
+    *args,
+    use_reentrant: bool | None = None,
+    context_fn=_tc.noop_context_fn,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    **kwargs,
+):
+    """`torch.utils.checkpoint.checkpoint`: under a JAX trace, on jax tensors, the region runs
+    as `jax.checkpoint` (`_remat`); otherwise (and with `context_fn`, `debug` or an unset
+    `use_reentrant`, which torch warns about) torch's own checkpoint runs it."""
+    if use_reentrant is not None and context_fn is _tc.noop_context_fn and not debug:
+        preserve = kwargs.pop("preserve_rng_state", True)
+        if not (use_reentrant and kwargs) and _remat.applies(args, kwargs):
+            out = _remat.checkpoint(function, args, kwargs, reentrant=use_reentrant)
+            if out is not _remat.FALLBACK:
+                return out
+        kwargs["preserve_rng_state"] = preserve
+    return _original(
+        function, *args, use_reentrant=use_reentrant, context_fn=context_fn,
+        determinism_check=determinism_check, debug=debug, early_stop=early_stop, **kwargs,
+    )  # fmt: skip
+
+
 def install() -> None:
-    """Put the wrappers where `torch.utils.checkpoint.checkpoint` looks them up (idempotent)."""
+    """Put the wrappers where `torch.utils.checkpoint.checkpoint` looks them up (idempotent).
+
+    `checkpoint` itself is a wrapper (torch's dynamo-disabling decorator) that calls what its
+    function's `__dynamo_disable` attribute holds: `checkpoint` above goes there, so every
+    reference to torch's function (Hugging Face imports it by name) reaches it.
+    """
     _tc._checkpoint_without_reentrant_generator = _generator
     _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
+    wrapped = getattr(_tc.checkpoint, "__wrapped__", None)
+    if wrapped is not None and "__dynamo_disable" in _tc.checkpoint.__code__.co_names:
+        wrapped.__dynamo_disable = checkpoint
 
 
 install()
