@@ -597,3 +597,43 @@ def test_hf_gradient_checkpointing_through_compiled_module_backward(llama_cpu, l
     assert float(loss.detach().cpu()) == pytest.approx(loss0, rel=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad.cpu(), g0[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("where", ["eager", "jit"])
+def test_selective_checkpointing_and_checkpoint_sequential(where):
+    """torch's selective activation checkpointing (`context_fn` with a policy) and
+    `checkpoint_sequential` give CPU torch's gradients; the random-state replay makes no torch
+    tensor inside the recomputation (a selective policy would see an op the forward did not run)."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint_sequential, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+
+    def run(m, x):
+        a = checkpoint(m, x, use_reentrant=False, context_fn=context_fn).sum()
+        return a + checkpoint_sequential(m, 2, x, use_reentrant=False).sum()
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    run(cpu, x).backward()
+    m = copy.deepcopy(cpu).to("jax")
+    for p in m.parameters():
+        p.grad = None
+    if where == "eager":
+        run(m, x.to("jax")).backward()
+    else:
+
+        @jaxtorch.jit
+        def step(m, x):
+            loss = run(m, x)
+            loss.backward()
+            return loss.detach()
+
+        step(m, x.to("jax"))
+    for (n, p), q in zip(cpu.named_parameters(), m.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=n)

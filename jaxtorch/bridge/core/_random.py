@@ -62,6 +62,19 @@ def set_state(state) -> None:
         _global["key"] = jax.random.wrap_key_data(jax.numpy.asarray(data)) if has_key else None
 
 
+def raw_state() -> tuple:
+    """The eager generator's state as it is, `(seed, key)`, for `set_raw_state` (no torch
+    tensor is made: safe inside torch's dispatch modes, such as a checkpoint's recomputation)."""
+    with _lock:
+        return _global["seed"], _global["key"]
+
+
+def set_raw_state(state: tuple) -> None:
+    """Restore a state from `raw_state`."""
+    with _lock:
+        _global["seed"], _global["key"] = state
+
+
 def _eager_key() -> jax.Array:
     with _lock:
         key = _global["key"]

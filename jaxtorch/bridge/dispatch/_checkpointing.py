@@ -54,7 +54,7 @@ def _rng_snapshot() -> tuple[str, Any]:
     stack = getattr(_random._local, "stack", None)
     if stack and stack[-1][0] is not None:
         return ("scope", stack[-1][0])
-    return ("global", _random.get_state())
+    return ("global", _random.raw_state())
 
 
 @contextlib.contextmanager
@@ -67,12 +67,12 @@ def _replaying(snapshot: tuple[str, Any]):
         with _random.key_scope(value):
             yield
         return
-    now = _random.get_state()
-    _random.set_state(value)
+    now = _random.raw_state()
+    _random.set_raw_state(value)
     try:
         yield
     finally:
-        _random.set_state(now)
+        _random.set_raw_state(now)
 
 
 # ---- the barrier that keeps a recomputation apart from the forward (prevent CSE) ---------
