@@ -20,32 +20,16 @@ import torch
 
 import jaxtorch
 from jaxtorch.train import CheckpointKeysError, load_params
+from tests._hf_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-)
+CONFIG = dict(vocab_size=128, tie_word_embeddings=True)  # over tests/_hf_models.py's tiny Llama
 
 
 def llama(config: dict, cls=None):
-    cls = cls or transformers.LlamaForCausalLM
-    return cls(transformers.LlamaConfig(**config)).eval()
-
-
-def run(fn, params, state, *args):
-    """`fn(params, *args, state=state)`; before `extract` split params from state, one dict."""
-    if hasattr(fn, "state"):
-        return fn(params, *args, state=state)
-    return fn({**params, **state}, *args)
+    return tiny_llama(cls, **config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +69,7 @@ def test_extract_of_meta_model_gives_shapes_and_eval_shape(meta_model):
 def test_meta_non_persistent_buffers_computed_from_module_code(meta_model, saved):
     ref, _ = saved
     params, fn = jaxtorch.extract(meta_model)
-    values = {**params, **getattr(fn, "state", {})}
+    values = {**params, **fn.state}
     want = ref.model.rotary_emb.inv_freq.numpy()
     got = values["model.rotary_emb.inv_freq"]
     assert isinstance(got, jax.Array)
@@ -133,7 +117,7 @@ def test_load_safetensors_dir_into_meta_model_matches_torch(saved, meta_model):
     params, state = load_params(meta_model, path)
     _, fn = jaxtorch.extract(meta_model)
     assert "lm_head.weight" not in params  # tied: one entry, the first name
-    logits = jax.jit(lambda p, s: run(fn, p, s, IDS).logits)(params, state)
+    logits = jax.jit(lambda p, s: fn(p, IDS, state=s).logits)(params, state)
     np.testing.assert_allclose(np.asarray(logits), _logits(ref), rtol=1e-5, atol=1e-5)
 
 
@@ -352,7 +336,7 @@ def test_extract_of_mmapped_from_pretrained_keeps_no_second_copy(tmp_path):
         want = model(ids).logits.numpy()  # torch still reads its weights (reread from the file)
         model.model.norm.weight.add_(1.0)  # a torch write after extract does not reach params
     np.testing.assert_array_equal(np.asarray(params["model.norm.weight"]), before["model.norm.weight"])
-    got = run(fn, params, getattr(fn, "state", None) or {}, IDS).logits
+    got = fn(params, IDS, state=fn.state).logits
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
