@@ -6,7 +6,6 @@ with eager CPU torch on the same weights.
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +21,10 @@ import jaxtorch
 from jaxtorch.train import CheckpointKeysError, load_params
 from tests._hf_models import tiny_llama
 
+from ._procs import ROOT, cpu_env, free_port, spawn, wait_all
+
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = dict(vocab_size=128, tie_word_embeddings=True)  # over tests/_hf_models.py's tiny Llama
 
 
@@ -242,16 +242,6 @@ def test_read_slice_reads_exactly_the_box(tmp_path):
 
 
 # ---- items 2-3 on several devices (subprocesses) ----------------------------------------------
-def _env(devices: int) -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ok_line(out: str) -> list[str]:
     return next(line for line in out.splitlines() if line.startswith("OK")).split()
 
@@ -259,7 +249,7 @@ def _ok_line(out: str) -> list[str]:
 def test_tensor_parallel_on_8_devices_reads_each_slice_once(saved):
     _, path = saved
     cmd = [sys.executable, "-m", "tests.train._load_worker", "tp", str(path / "model.safetensors")]
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(8), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     _, _, read, expected = _ok_line(p.stdout)
     assert int(read) == int(expected)
@@ -267,24 +257,11 @@ def test_tensor_parallel_on_8_devices_reads_each_slice_once(saved):
 
 def test_two_processes_each_read_their_half(saved):
     _, path = saved
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tests.train._load_worker", "multi", str(path / "model.safetensors")]
-    procs = [
-        subprocess.Popen(
-            cmd + [str(i), str(port)], cwd=ROOT, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for i in range(2)
-    ]
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            assert p.returncode == 0, err[-4000:]
-            _, _, read, expected = _ok_line(out)
-            assert int(read) == int(expected) > 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    port = free_port()
+    args = ["tests.train._load_worker", "multi", str(path / "model.safetensors")]
+    for out in wait_all([spawn(args + [str(i), str(port)], 4) for i in range(2)]):
+        _, _, read, expected = _ok_line(out)
+        assert int(read) == int(expected) > 0
 
 
 def test_read_slice_short_runs_in_blocks(tmp_path, monkeypatch):
