@@ -115,7 +115,7 @@ def child(args) -> None:
     elif args.child == "from_pretrained":
         m = transformers.LlamaForCausalLM.from_pretrained(os.path.dirname(args.file), dtype="auto")
         params, fn = jaxtorch.extract(m)
-        arrays = {**params, **(getattr(fn, "state", None) or {})}
+        arrays = {**params, **fn.state}
     else:
         raise SystemExit(f"unknown row {args.child}")
     jax.block_until_ready(arrays)

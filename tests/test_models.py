@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import jaxtorch
+from tests._hf_models import tiny_llama
 
 transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
 
@@ -36,18 +37,8 @@ def _bert():
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=100,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.LlamaForCausalLM(cfg), "logits", {"use_cache": False}
+    model = tiny_llama(hidden_size=64, intermediate_size=128, vocab_size=100, bos_token_id=0, eos_token_id=0)
+    return model, "logits", {"use_cache": False}
 
 
 MODELS = {"gpt2": _gpt2, "bert": _bert, "llama": _llama}

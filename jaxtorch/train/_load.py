@@ -44,8 +44,7 @@ import torch
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
 from ..bridge.core._dtypes import to_jax_dtype
-from ..bridge.state import _binding
-from ..bridge.state._binding import named_state
+from ..bridge.state._binding import aliases, named_state, split_state
 from ..bridge.state._meta import computed_buffers, non_persistent_names
 from ..bridge.tensor._convert import tensor_to_jax
 from ._checkpoint import CheckpointError
@@ -339,21 +338,7 @@ def _hf_renamer(model: torch.nn.Module, model_names: Mapping[str, Any]) -> Calla
 
 def _all_names(module: torch.nn.Module) -> dict[str, str]:
     """Every name `state_dict` would give (tied aliases included) -> the `named_state` name."""
-    first = {id(t): n for n, t in named_state(module).items()}
-    out: dict[str, str] = {}
-    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
-        for name, t in named:
-            if id(t) in first:
-                out[name] = first[id(t)]
-    return out
-
-
-def _split(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """`extract`'s split (trainable params, state); before `split_state` existed, all params."""
-    split = getattr(_binding, "split_state", None)
-    if split is not None:
-        return split(module)
-    return named_state(module), {}
+    return {**{n: n for n in named_state(module)}, **aliases(module)}
 
 
 # ---- placement ---------------------------------------------------------------------------
@@ -445,7 +430,7 @@ def load_params(
         ```
     """
     entries = checkpoint_entries(path)
-    params_t, state_t = _split(model)
+    params_t, state_t = split_state(model)
     tensors = {**params_t, **state_t}
     skip = non_persistent_names(model)
     wanted = {n for n in tensors if n not in skip}

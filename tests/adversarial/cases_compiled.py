@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import jax.numpy as jnp
@@ -185,39 +186,31 @@ def _view_arg():
 
 
 # ---- threads ----------------------------------------------------------------------------------------
-@case("threads/inplace_shared_tensor_no_lost_update")
-def _threads_inplace():
+def _add_from_threads(n_threads: int, n_adds: int, *, lazy: bool) -> None:
+    """`n_threads` threads each add 1 `n_adds` times to one shared jax scalar (in lazy mode or
+    not): no update may be lost."""
     with jaxtorch.default_env():
         t = torch.zeros((), device="jax")
 
     def work():
-        with jaxtorch.default_env():
-            for _ in range(50):
+        with jaxtorch.default_env(), jaxtorch.lazy() if lazy else contextlib.nullcontext():
+            for _ in range(n_adds):
                 t.add_(1)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
+    threads = [threading.Thread(target=work) for _ in range(n_threads)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     with jaxtorch.default_env():
-        assert float(t.cpu()) == 200.0, float(t.cpu())
+        assert float(t.cpu()) == n_threads * n_adds, float(t.cpu())
+
+
+@case("threads/inplace_shared_tensor_no_lost_update")
+def _threads_inplace():
+    _add_from_threads(4, 50, lazy=False)
 
 
 @case("threads/lazy_inplace_shared_tensor")
 def _threads_lazy():
-    with jaxtorch.default_env():
-        t = torch.zeros((), device="jax")
-
-    def work():
-        with jaxtorch.default_env(), jaxtorch.lazy():
-            for _ in range(30):
-                t.add_(1)
-
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    with jaxtorch.default_env():
-        assert float(t.cpu()) == 90.0, float(t.cpu())
+    _add_from_threads(3, 30, lazy=True)

@@ -6,22 +6,11 @@ import jax.numpy as jnp
 import torch
 
 import jaxtorch
+from tests._dtypes import ARITH
 
 from .harness import case, equal, refuses_or
 
-DTYPES = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "complex64": torch.complex64,
-}
+DTYPES = {str(d).removeprefix("torch."): d for d in (*ARITH, torch.float64, torch.complex64)}
 WIDE = ("float64", "int64", "complex128")  # may be refused with x64 off, never changed
 
 
@@ -174,7 +163,7 @@ def _extract_big():
         m.register_buffer("big", torch.tensor([BIG]))
         m.forward = lambda x: x
         params, fn = jaxtorch.extract(m)
-        leaves = {**params, **getattr(fn, "state", {})}
+        leaves = {**params, **fn.state}
         assert int(leaves["big"][0]) == BIG
 
     refuses_or(check, "x64")

@@ -14,6 +14,7 @@ import transformers
 
 import jaxtorch
 from jaxtorch.bridge.dispatch import _autocast
+from tests._hf_models import tiny_llama_config
 
 LOW = (torch.bfloat16, torch.float16)
 N = 8
@@ -206,16 +207,7 @@ def test_lazy_mode():
 @pytest.fixture(scope="module")
 def llama_pair():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=32,
-        attn_implementation="sdpa",
-    )
+    cfg = tiny_llama_config(max_position_embeddings=32, attn_implementation="sdpa")
     cpu = transformers.LlamaForCausalLM(cfg).train()
     jx = transformers.LlamaForCausalLM(cfg).train()
     jx.load_state_dict(cpu.state_dict())

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import jaxtorch
 from jaxtorch import JaxTensor
 from jaxtorch.bridge.tensor._convert import tree_map
+from tests._dtypes import enable_x64
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -171,12 +172,9 @@ def test_torch_dtype_of_a_bare_array_ignores_x64():
     """A bare array's torch dtype is its own whatever x64 says (int32 is torch.int32)."""
     a, f = jnp.arange(3, dtype=jnp.int32), jnp.ones(2, jnp.float32)
     assert (JaxTensor(a).dtype, JaxTensor(f).dtype) == (torch.int32, torch.float32)
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with enable_x64():
         assert (JaxTensor(jnp.arange(3, dtype=jnp.int32)).dtype, JaxTensor(f).dtype) == (torch.int32, torch.float32)
         assert JaxTensor(jnp.arange(3, dtype=jnp.int64)).dtype == torch.int64
-    finally:
-        jax.config.update("jax_enable_x64", False)
     assert JaxTensor(a).dtype == torch.int32
 
 

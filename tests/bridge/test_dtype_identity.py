@@ -11,51 +11,7 @@ import torch
 
 import jaxtorch
 from jaxtorch.bridge.core._dtypes import to_jax_dtype
-
-# every dtype torch supports on the CPU that JAX holds without 64-bit mode
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.complex64,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-]
-WIDE = [torch.float64, torch.complex128]  # need 64-bit mode: checked with it on
-# the dtypes CPU torch's arithmetic supports (uint16/32/64 have few CPU kernels)
-ARITH = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-]
-
-
-@pytest.fixture
-def env():
-    with jaxtorch.default_env():
-        yield
-
-
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", False)
+from tests._dtypes import ARITH, DTYPES, WIDE  # env and x64: tests/bridge/conftest.py
 
 
 def _sample(dtype, n=4) -> torch.Tensor:

@@ -17,12 +17,6 @@ import jaxtorch
 from jaxtorch.bridge.core._errors import GeneratorUnderTraceError
 
 
-@pytest.fixture
-def env():
-    with jaxtorch.default_env():
-        yield
-
-
 def _w():
     return torch.empty(6, 5, device="jax")
 

@@ -13,21 +13,6 @@ from jaxtorch import Int64Error, JaxtorchError
 BIG = 2**40
 
 
-@pytest.fixture
-def env():
-    with jaxtorch.default_env():
-        yield
-
-
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", False)
-
-
 class _Counter(torch.nn.Module):
     def __init__(self, value):
         super().__init__()

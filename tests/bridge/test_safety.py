@@ -16,6 +16,7 @@ from torch import nn
 import jaxtorch
 from jaxtorch import StateWriteError
 from jaxtorch.bridge.tensor._convert import tensor_to_jax
+from tests._dtypes import enable_x64
 
 
 class ConvBN(nn.Module):
@@ -342,14 +343,11 @@ def test_float64_without_x64_raises_everywhere(how, pytorch_first):
 
 
 def test_float64_with_x64_is_float64_everywhere(pytorch_first):
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with enable_x64():
         x = torch.ones(3, device="jax")
         for how, f in _ASKS_FOR_FLOAT64.items():
             assert f(x).dtype == torch.float64, how
             assert jaxtorch.jit(f)(x).dtype == torch.float64, how
-    finally:
-        jax.config.update("jax_enable_x64", False)
 
 
 def test_torch_internal_float64_scalars_still_work():

@@ -3,17 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import torch
 
 import jaxtorch
 from jaxtorch import JaxTensor
-
-
-@pytest.fixture
-def env():
-    with jaxtorch.default_env():
-        yield
 
 
 def test_reports_torch_metadata(env):

@@ -20,6 +20,7 @@ import torch
 
 import jaxtorch
 from jaxtorch import StateWriteError
+from tests._hf_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 cu = pytest.importorskip("transformers.cache_utils")
@@ -30,18 +31,7 @@ PROMPT, STEPS = 5, 32
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_llama(bos_token_id=0, eos_token_id=0).eval()
 
 
 @pytest.fixture(scope="module")

@@ -16,29 +16,16 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 import jaxtorch
+from tests._hf_models import TINY_DECODER, tiny_llama
 
 transformers = pytest.importorskip("transformers")
 cu = pytest.importorskip("transformers.cache_utils")
 
 
-def _llama_config():
-    return transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-
-
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(_llama_config()).eval()
+    return tiny_llama(bos_token_id=0, eos_token_id=0).eval()
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +33,7 @@ def qwen2_hybrid():
     """One sliding-window layer and one full-attention layer (a hybrid cache)."""
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=64,
+        **TINY_DECODER,
         use_sliding_window=True,
         sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],

@@ -15,6 +15,7 @@ import torch
 
 import jaxtorch
 from jaxtorch import DataDependentError
+from tests._dtypes import enable_x64
 
 from . import _compare
 
@@ -129,16 +130,13 @@ def test_hash_tensor_holds_the_low_word_of_torchs_hash_without_x64(case, jit):
 
 
 def test_hash_tensor_is_torchs_exact_uint64_with_x64():
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with enable_x64():
         for x, kw in HASH_CASES:
             ref = torch.hash_tensor(x, **kw)
             for jit in (False, True):
                 got = _hash(x, kw, jit)
                 assert got.dtype == np.uint64
                 assert _hash_ints(got, 2**64 - 1) == _hash_ints(ref.numpy(), 2**64 - 1), (x.dtype, kw)
-    finally:
-        jax.config.update("jax_enable_x64", False)
 
 
 def test_hash_tensor_errors_like_torch():

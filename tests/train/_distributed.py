@@ -9,15 +9,13 @@ import sys
 import jax
 import numpy as np
 
+from ._procs import init_two_processes
+
 
 def main(argv):
     mode, out = argv[0], argv[1]
     if mode == "multi":
-        pid, port = int(argv[2]), int(argv[3])
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid, initialization_timeout=120
-        )
-        assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
+        init_two_processes(int(argv[2]), int(argv[3]))
 
     import jax.numpy as jnp
     import optax

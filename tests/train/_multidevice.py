@@ -86,20 +86,10 @@ LLAMA_TP = [
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests._hf_models import tiny_llama
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        use_cache=False,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(max_position_embeddings=32, use_cache=False).eval()
 
 
 def _lm_loss(out, ids):

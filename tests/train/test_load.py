@@ -6,7 +6,6 @@ with eager CPU torch on the same weights.
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,32 +19,17 @@ import torch
 
 import jaxtorch
 from jaxtorch.train import CheckpointKeysError, load_params
+from tests._hf_models import tiny_llama
+
+from ._procs import ROOT, cpu_env, free_port, spawn, wait_all
 
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-)
+CONFIG = dict(vocab_size=128, tie_word_embeddings=True)  # over tests/_hf_models.py's tiny Llama
 
 
 def llama(config: dict, cls=None):
-    cls = cls or transformers.LlamaForCausalLM
-    return cls(transformers.LlamaConfig(**config)).eval()
-
-
-def run(fn, params, state, *args):
-    """`fn(params, *args, state=state)`; before `extract` split params from state, one dict."""
-    if hasattr(fn, "state"):
-        return fn(params, *args, state=state)
-    return fn({**params, **state}, *args)
+    return tiny_llama(cls, **config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +69,7 @@ def test_extract_of_meta_model_gives_shapes_and_eval_shape(meta_model):
 def test_meta_non_persistent_buffers_computed_from_module_code(meta_model, saved):
     ref, _ = saved
     params, fn = jaxtorch.extract(meta_model)
-    values = {**params, **getattr(fn, "state", {})}
+    values = {**params, **fn.state}
     want = ref.model.rotary_emb.inv_freq.numpy()
     got = values["model.rotary_emb.inv_freq"]
     assert isinstance(got, jax.Array)
@@ -133,7 +117,7 @@ def test_load_safetensors_dir_into_meta_model_matches_torch(saved, meta_model):
     params, state = load_params(meta_model, path)
     _, fn = jaxtorch.extract(meta_model)
     assert "lm_head.weight" not in params  # tied: one entry, the first name
-    logits = jax.jit(lambda p, s: run(fn, p, s, IDS).logits)(params, state)
+    logits = jax.jit(lambda p, s: fn(p, IDS, state=s).logits)(params, state)
     np.testing.assert_allclose(np.asarray(logits), _logits(ref), rtol=1e-5, atol=1e-5)
 
 
@@ -258,16 +242,6 @@ def test_read_slice_reads_exactly_the_box(tmp_path):
 
 
 # ---- items 2-3 on several devices (subprocesses) ----------------------------------------------
-def _env(devices: int) -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ok_line(out: str) -> list[str]:
     return next(line for line in out.splitlines() if line.startswith("OK")).split()
 
@@ -275,7 +249,7 @@ def _ok_line(out: str) -> list[str]:
 def test_tensor_parallel_on_8_devices_reads_each_slice_once(saved):
     _, path = saved
     cmd = [sys.executable, "-m", "tests.train._load_worker", "tp", str(path / "model.safetensors")]
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(8), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     _, _, read, expected = _ok_line(p.stdout)
     assert int(read) == int(expected)
@@ -283,24 +257,11 @@ def test_tensor_parallel_on_8_devices_reads_each_slice_once(saved):
 
 def test_two_processes_each_read_their_half(saved):
     _, path = saved
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tests.train._load_worker", "multi", str(path / "model.safetensors")]
-    procs = [
-        subprocess.Popen(
-            cmd + [str(i), str(port)], cwd=ROOT, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for i in range(2)
-    ]
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            assert p.returncode == 0, err[-4000:]
-            _, _, read, expected = _ok_line(out)
-            assert int(read) == int(expected) > 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    port = free_port()
+    args = ["tests.train._load_worker", "multi", str(path / "model.safetensors")]
+    for out in wait_all([spawn(args + [str(i), str(port)], 4) for i in range(2)]):
+        _, _, read, expected = _ok_line(out)
+        assert int(read) == int(expected) > 0
 
 
 def test_read_slice_short_runs_in_blocks(tmp_path, monkeypatch):
@@ -352,7 +313,7 @@ def test_extract_of_mmapped_from_pretrained_keeps_no_second_copy(tmp_path):
         want = model(ids).logits.numpy()  # torch still reads its weights (reread from the file)
         model.model.norm.weight.add_(1.0)  # a torch write after extract does not reach params
     np.testing.assert_array_equal(np.asarray(params["model.norm.weight"]), before["model.norm.weight"])
-    got = run(fn, params, getattr(fn, "state", None) or {}, IDS).logits
+    got = fn(params, IDS, state=fn.state).logits
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 

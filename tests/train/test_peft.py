@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from jaxtorch.train import make_train_step
+from tests._hf_models import tiny_llama
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -23,17 +24,7 @@ LORA = "*lora_*"
 @pytest.fixture(scope="module")
 def lora_llama():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        use_cache=False,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
+    model = tiny_llama(max_position_embeddings=32, use_cache=False)
     # init_lora_weights=False: B random, not zero, so A's gradient is not trivially zero either
     config = peft.LoraConfig(
         r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], init_lora_weights=False

@@ -4,25 +4,22 @@ The pytest process has one device, so each check runs in a subprocess with
 `XLA_FLAGS=--xla_force_host_platform_device_count=8` (see `_multidevice.py`).
 """
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxtorch.train._sharding import path_name, spec_for
 
-ROOT = Path(__file__).resolve().parents[2]
+from ._procs import ROOT, cpu_env
 
 
 def run_check(name: str, devices: int = 8, timeout: int = 600) -> str:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.train._multidevice", name],
         cwd=ROOT,
-        env=env,
+        env=cpu_env(devices),
         capture_output=True,
         text=True,
         timeout=timeout,
