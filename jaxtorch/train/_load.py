@@ -239,35 +239,67 @@ def _pread(entry: _SafetensorsEntry, bounds: list[tuple[int, int]]) -> np.ndarra
 
 
 def _safetensors_entries(path: Path) -> dict[str, Entry]:
+    size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise CheckpointError(f"load_params: {path} is not a safetensors file (too short)")
         (n,) = struct.unpack("<Q", head)
+        if n > size - 8:  # (a corrupted length would otherwise ask for terabytes)
+            raise CheckpointError(
+                f"load_params: {path} is not a safetensors file or is truncated (its header claims {n} bytes, "
+                f"the file has {size})"
+            )
         try:
             header = json.loads(f.read(n))
         except ValueError as e:
             raise CheckpointError(f"load_params: {path} is not a safetensors file (bad header)") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"load_params: {path} is not a safetensors file (its header is not a JSON object)")
     base = 8 + n
     entries: dict[str, Entry] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(
-                f"load_params: {path}: {name} has dtype {info['dtype']}, which load_params cannot read"
-            )
-        entries[name] = _SafetensorsEntry(
-            str(path), base + int(info["data_offsets"][0]), tuple(info["shape"]), _SAFETENSORS_DTYPES[info["dtype"]]
-        )
+        entries[name] = _checked_entry(path, name, info, base, size)
     return entries
+
+
+def _checked_entry(path: Path, name: str, info: Any, base: int, size: int) -> _SafetensorsEntry:
+    """The entry of one header item, after checking it as the safetensors library does: a
+    known dtype, and data offsets that span exactly `shape` x the dtype's size inside the file
+    (a corrupted header must raise, never read a neighbour's bytes)."""
+    try:
+        dtype_name, shape, (start, stop) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+        start, stop = int(start), int(stop)
+    except (TypeError, KeyError, ValueError) as e:
+        raise CheckpointError(
+            f"load_params: {path} is corrupted: the header entry of {name!r} lacks a dtype, shape or "
+            f"data_offsets ({info!r})"
+        ) from e
+    if dtype_name not in _SAFETENSORS_DTYPES:
+        raise CheckpointError(f"load_params: {path}: {name} has dtype {dtype_name}, which load_params cannot read")
+    dtype = _SAFETENSORS_DTYPES[dtype_name]
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if min((start, *shape), default=0) < 0 or stop - start != nbytes or base + stop > size:
+        raise CheckpointError(
+            f"load_params: {path} is corrupted or truncated: {name!r} ({dtype_name}, shape {list(shape)}: "
+            f"{nbytes} bytes) has data_offsets [{start}, {stop}] in a data section of {size - base} bytes"
+        )
+    return _SafetensorsEntry(str(path), base + start, shape, dtype)
 
 
 def _torch_entries(path: Path) -> dict[str, Entry]:
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # legacy (non-zip) format cannot be memory-mapped
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (torch raises KeyError, UnpicklingError, EOFError, ...)
+            raise CheckpointError(
+                f"load_params: {path} is not a torch checkpoint that `torch.load(weights_only=True)` can read "
+                f"({type(e).__name__}: {e}); it may be corrupted or truncated"
+            ) from e
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(
             f"load_params: {path} is not a flat state dict (name -> tensor); pass the state dict's file "
@@ -278,6 +310,36 @@ def _torch_entries(path: Path) -> dict[str, Entry]:
     return {k: _TorchEntry(v.detach(), tuple(v.shape), np.dtype(_TORCH_TO_NP[v.dtype])) for k, v in sd.items()}
 
 
+def _sharded_entries(directory: Path, index_name: str) -> dict[str, Entry]:
+    """The entries of a sharded checkpoint: each name read from the shard its index's
+    `weight_map` names; a name held by several shards and not settled by the index raises."""
+    try:
+        weight_map = json.loads((directory / index_name).read_text())["weight_map"]
+        if not all(isinstance(f, str) for f in weight_map.values()):
+            raise TypeError("a shard file name is not a string")
+        files = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"load_params: {directory / index_name} is not a Hugging Face index (a JSON object whose "
+            f"'weight_map' maps each name to its shard file): {type(e).__name__}: {e}"
+        ) from e
+    out: dict[str, Entry] = {}
+    twice: set[str] = set()
+    for f in files:
+        for key, entry in checkpoint_entries(directory / f).items():
+            if weight_map.get(key, f) != f:
+                continue  # the index puts `key` in another shard
+            if key in out:
+                twice.add(key)
+            out[key] = entry
+    if twice:
+        raise CheckpointError(
+            f"load_params: {directory}: {sorted(twice)} are in several shards and the index names none of "
+            f"them: which copy is meant is ambiguous; add them to {index_name}'s weight_map or remove the copies"
+        )
+    return out
+
+
 def checkpoint_entries(path: str | os.PathLike) -> dict[str, Entry]:
     """Every tensor of a checkpoint (file or Hugging Face directory) by its name in the file;
     reads headers only (safetensors) or memory-maps (torch)."""
@@ -285,11 +347,7 @@ def checkpoint_entries(path: str | os.PathLike) -> dict[str, Entry]:
     if p.is_dir():
         for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
             if (p / index_name).exists():
-                files = sorted(set(json.loads((p / index_name).read_text())["weight_map"].values()))
-                out: dict[str, Entry] = {}
-                for f in files:
-                    out.update(checkpoint_entries(p / f))
-                return out
+                return _sharded_entries(p, index_name)
         for single in ("model.safetensors", "pytorch_model.bin"):
             if (p / single).exists():
                 return checkpoint_entries(p / single)
@@ -383,6 +441,27 @@ def _build(
         cache.clear()
 
 
+def _check_same_values(path: str, a: Entry, b: Entry, key_a: str, key_b: str) -> None:
+    """Raise unless the file's tensors `key_a` and `key_b` (two names of one tied model tensor)
+    hold the same values: `load_state_dict` would keep the last one it copies, `from_pretrained`
+    the tie's source, so differing copies have no one meaning. Compared in blocks of rows."""
+    same = a.shape == b.shape and a.dtype == b.dtype
+    rows = a.shape[0] if a.shape else 1
+    step = max(1, (1 << 24) // max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize))
+    for start in range(0, rows, step) if same else ():
+        index = (slice(start, min(rows, start + step)),) if a.shape else ()
+        if a.read(index).tobytes() != b.read(index).tobytes():
+            same = False
+            break
+    if not same:
+        raise CheckpointError(
+            f"load_params({path!r}): the file holds {key_a!r} and {key_b!r}, which are one tied tensor in "
+            "the model, with different values: which one is meant is ambiguous (`load_state_dict` keeps the "
+            "last it copies, `from_pretrained` the tie's source). Remove one of them from the file, or untie "
+            "the weights in the model."
+        )
+
+
 def _target_dtype(t: torch.Tensor, dtype: Any) -> np.dtype:
     model_dtype = np.dtype(to_jax_dtype(t.dtype))
     if dtype is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
@@ -444,6 +523,8 @@ def load_params(
             unexpected.append(key)
         elif name not in found:
             found[name] = key
+        else:  # a tied tensor under two of its names: fine when both hold the same values
+            _check_same_values(str(path), entries[found[name]], entries[key], found[name], key)
     missing = sorted(wanted - set(found))
     mismatched = {
         n: (entries[k].shape, tuple(tensors[n].shape))

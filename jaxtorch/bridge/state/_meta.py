@@ -62,10 +62,12 @@ def _recompute(root: torch.nn.Module, owner: torch.nn.Module, fill: int = 0) -> 
     """A CPU copy of `owner` whose buffers were computed by its own initialization code; before
     it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows)."""
     clone = copy.deepcopy(owner).to_empty(device="cpu")
-    for b in clone.buffers(recurse=False):
-        b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
-    hook = _init_hook(root)
     with torch.no_grad():
+        for b in clone.buffers(recurse=False):
+            b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
+    hook = _init_hook(root)
+    # (the initialization code draws random weights: the caller's random stream must not move)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         if hook is not None:
             for m in clone.modules():
                 for flag in ("_is_hf_initialized",):
@@ -105,8 +107,9 @@ def computed_buffers(module: torch.nn.Module, names: Iterable[str]) -> dict[str,
                 f"jaxtorch: the buffer {name!r} is on the meta device and not saved in checkpoints "
                 f"(non-persistent), and neither a Hugging Face `_init_weights` nor "
                 f"`{type(module.get_submodule(prefix)).__name__}.reset_parameters()` computes it. Build that "
-                "submodule outside `torch.device('meta')` (its buffers then have values), or give its value "
-                "yourself in `state=`."
+                "submodule outside `torch.device('meta')` (its buffers then have values), or give the buffer "
+                f"its value before extracting: `model.get_submodule({prefix!r}).register_buffer({leaf!r}, value, "
+                "persistent=False)`."
             )
         out[name] = value
     return out

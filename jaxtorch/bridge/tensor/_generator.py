@@ -45,6 +45,10 @@ class JaxGenerator(_TorchGenerator):
         """`jax:0`: ops on the jax device take it."""
         return JAX_DEVICE
 
+    def clone_state(self) -> JaxGenerator:
+        """A new jax generator in this one's state (torch's gives one of the same device)."""
+        return _new_jax_generator(self.get_state())
+
     def __reduce__(self):
         return (_new_jax_generator, (self.get_state(),))
 
