@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
-from ..bridge.core._dtypes import to_jax_dtype
+from ..bridge.core._dtypes import check_int_range, narrowed_range, to_jax_dtype
 from ..bridge.state._binding import aliases, named_state, split_state
 from ..bridge.state._meta import computed_buffers, non_persistent_names
 from ..bridge.tensor._convert import tensor_to_jax
@@ -394,6 +396,29 @@ def _hf_renamer(model: torch.nn.Module, model_names: Mapping[str, Any]) -> Calla
     return rename
 
 
+def _ignored_unexpected(model: torch.nn.Module, key: str) -> bool:
+    """Whether `from_pretrained` ignores the file key `key` that `model` lacks: the patterns of
+    `_keys_to_ignore_on_load_unexpected`, and old checkpoints' `rotary_emb.inv_freq` and
+    `position_ids` (now non-persistent buffers, computed) when the model has such buffers.
+    Never for other modules (their `load_state_dict` reports every unexpected key)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers absent
+        return False
+    if not isinstance(model, PreTrainedModel):
+        return False
+    patterns: set[str] = set()
+    for sub in model.modules():
+        if isinstance(sub, PreTrainedModel):
+            patterns.update(sub._keys_to_ignore_on_load_unexpected or ())
+    buffers = [n for n, _ in model.named_buffers()]
+    if any(b.endswith("rotary_emb.inv_freq") for b in buffers):
+        patterns.add(r"rotary_emb\.inv_freq")
+    if any(b.endswith("position_ids") for b in buffers):
+        patterns.add(r"(^|\.)position_ids$")
+    return any(re.search(p, key) for p in patterns)
+
+
 def _all_names(module: torch.nn.Module) -> dict[str, str]:
     """Every name `state_dict` would give (tied aliases included) -> the `named_state` name."""
     return {**{n: n for n in named_state(module)}, **aliases(module)}
@@ -421,17 +446,24 @@ def _resolve_sharding(
 
 
 def _build(
-    shape: tuple[int, ...], read: Callable[[Index], np.ndarray], target: np.dtype, sharding: Sharding
+    shape: tuple[int, ...],
+    read: Callable[[Index], np.ndarray],
+    target: np.dtype,
+    sharding: Sharding,
+    check: Callable[[np.ndarray], None] | None = None,
 ) -> jax.Array:
     """The global array of one tensor: each distinct slice this process's devices hold is
-    read once (`read(index)`), converted, and handed to JAX (replicas of it reuse it)."""
+    read once (`read(index)`), checked (`check`), converted, and handed to JAX (replicas of it reuse it)."""
     cache: dict[tuple, np.ndarray] = {}
 
     def slice_for(index: Any) -> np.ndarray:
         key = tuple(_bounds(index, shape))
         host = cache.get(key)
         if host is None:
-            host = cache[key] = _converted(read(index), target)
+            raw = read(index)
+            if check is not None:
+                check(raw)
+            host = cache[key] = _converted(raw, target)
         return host
 
     # drop the slices once every local device has its copy
@@ -462,10 +494,35 @@ def _check_same_values(path: str, a: Entry, b: Entry, key_a: str, key_b: str) ->
         )
 
 
+def _range_check(name: str, dtype: torch.dtype) -> Callable[[np.ndarray], None] | None:
+    """For a model tensor whose torch dtype JAX holds narrower (int64 as int32 with x64 off): a
+    check that raises `Int64Error` for a slice whose values would wrap (torch would hold them)."""
+    if narrowed_range(dtype) is None:
+        return None
+
+    def check(host: np.ndarray) -> None:
+        if host.size:
+            check_int_range(host.min(), host.max(), dtype, f"load_params: {name}")
+
+    return check
+
+
+def _requested_dtype(dtype: Any) -> np.dtype:
+    """`dtype=` as a NumPy dtype (a torch dtype, a JAX/NumPy dtype or its name); only floating
+    or complex dtypes, as `nn.Module.to(dtype)` accepts."""
+    out = np.dtype(to_jax_dtype(dtype)) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+    if not (jnp.issubdtype(out, jnp.floating) or jnp.issubdtype(out, jnp.complexfloating)):
+        raise TypeError(
+            f"load_params: dtype={dtype!r} is not a floating point or complex dtype; it converts the floating "
+            "arrays (like `nn.Module.to(dtype)`): e.g. `dtype=jnp.bfloat16` or `dtype=torch.bfloat16`"
+        )
+    return out
+
+
 def _target_dtype(t: torch.Tensor, dtype: Any) -> np.dtype:
     model_dtype = np.dtype(to_jax_dtype(t.dtype))
     if dtype is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
-        return np.dtype(dtype)
+        return _requested_dtype(dtype)
     return model_dtype
 
 
@@ -525,6 +582,7 @@ def load_params(
             found[name] = key
         else:  # a tied tensor under two of its names: fine when both hold the same values
             _check_same_values(str(path), entries[found[name]], entries[key], found[name], key)
+    unexpected = [k for k in unexpected if not _ignored_unexpected(model, k)]
     missing = sorted(wanted - set(found))
     mismatched = {
         n: (entries[k].shape, tuple(tensors[n].shape))
@@ -541,7 +599,8 @@ def load_params(
     for name, key in found.items():
         target = _target_dtype(tensors[name], dtype)
         struct_ = jax.ShapeDtypeStruct(entries[key].shape, target)
-        arrays[name] = _build(entries[key].shape, entries[key].read, target, _resolve(name, struct_))
+        check = _range_check(name, tensors[name].dtype)
+        arrays[name] = _build(entries[key].shape, entries[key].read, target, _resolve(name, struct_), check)
     for name, t in computed_buffers(model, [n for n in tensors if n in skip]).items():
         target = _target_dtype(t, dtype)
         struct_ = jax.ShapeDtypeStruct(tuple(t.shape), target)

@@ -99,6 +99,73 @@ def _dtype_bf16():
             np.testing.assert_array_equal(got[k].astype(np.float32), v.to(torch.bfloat16).float().numpy())
 
 
+@case("io/load/dtype_given_as_torch_dtype")
+def _dtype_torch():
+    """Before: TypeError 'Cannot interpret torch.bfloat16 as a data type'."""
+    m, d = _small(), _tmp()
+    save_file(_sd(m), d / "m.safetensors")
+    got = _loaded(m, d / "m.safetensors", dtype=torch.bfloat16)
+    assert got["0.weight"].dtype == jnp.bfloat16 and got["1.num_batches_tracked"].dtype.kind == "i"
+
+
+@case("io/load/integer_dtype_refused_like_module_to")
+def _dtype_int():
+    """`nn.Module.to(torch.int8)` raises; before, load_params turned every weight into int8 zeros."""
+    m, d = _small(), _tmp()
+    save_file(_sd(m), d / "m.safetensors")
+    with pytest.raises(TypeError) as e:
+        jaxtorch.load_params(m, d / "m.safetensors", dtype=jnp.int8)
+    clear_error(e.value, "floating")
+
+
+@case("io/load/int64_beyond_int32_never_wraps")
+def _int64_wide():
+    """torch holds 2**40 in an int64 buffer; without x64 JAX cannot: before, it became 0, silently."""
+    m, d = _small(), _tmp()
+    sd = {**_sd(m), "1.num_batches_tracked": torch.tensor(2**40)}
+    save_file(sd, d / "m.safetensors")
+    torch.save(sd, d / "m.pt")
+    for path in (d / "m.safetensors", d / "m.pt"):
+        refuses_or(lambda path=path: _same_as_torch(m, path, sd), "32 bits", "int64")
+
+
+@case("io/load/hf_old_checkpoint_keys_ignored_like_from_pretrained")
+def _hf_ignored():
+    """Old Llama checkpoints hold per-layer `rotary_emb.inv_freq`: from_pretrained ignores them."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    d = _tmp()
+    sd = {**_sd(ref), "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(2)}
+    save_file(sd, d / "model.safetensors")
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(cfg).eval()
+    params, state = jaxtorch.load_params(meta, d)
+    _, fn = jaxtorch.extract(meta)
+    ids = np.arange(5, dtype=np.int32)[None]
+    with torch.no_grad():
+        expected = ref(torch.as_tensor(ids, dtype=torch.long)).logits
+    close(fn(params, ids, state=state).logits, expected, rtol=1e-4, atol=1e-5)
+
+
+@case("io/load/plain_module_non_persistent_key_refused_like_load_state_dict")
+def _np_key():
+    class NP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("m", torch.ones(2), persistent=False)
+
+    sd = {"lin.weight": torch.ones(2, 2), "lin.bias": torch.ones(2), "m": torch.zeros(2)}
+    with pytest.raises(RuntimeError, match="Unexpected"):
+        NP().load_state_dict(sd)
+    d = _tmp()
+    save_file(sd, d / "m.safetensors")
+    _raises_checkpoint_error(lambda: jaxtorch.load_params(NP(), d / "m.safetensors"), "'m'")
+
+
 @case("io/load/float64_and_strided_torch_file")
 def _f64_strided_pt():
     m, d = _small(), _tmp()
