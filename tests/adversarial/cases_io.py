@@ -638,6 +638,43 @@ def _sharing():
     equal(back["v"], torch.arange(3.0, 7.0))
 
 
+@case("io/save/map_location_jax_keeps_storage_sharing")
+def _sharing_jax():
+    """A CPU file's view and base, loaded onto the jax device, share as they do on CUDA."""
+    a = torch.arange(6.0)
+    with jaxtorch.default_env():
+        back = _round_trip({"a": a, "v": a[2:]}, map_location="jax")
+        back["a"].add_(1)
+        got = back["v"].cpu()
+    equal(got, torch.arange(3.0, 7.0))
+
+
+@case("io/save/legacy_format_map_location_jax_refused")
+def _legacy_jax():
+    """Before: a segmentation fault (torch wrote the file's bytes past an empty jax storage)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import io, torch, jaxtorch
+        buf = io.BytesIO()
+        a = torch.arange(6.0)
+        torch.save({"a": a, "v": a[2:]}, buf, _use_new_zipfile_serialization=False)
+        buf.seek(0)
+        try:
+            torch.load(buf, map_location="jax", weights_only=True)
+        except RuntimeError as e:
+            print("REFUSED", e)
+        buf.seek(0)
+        sd = torch.load(buf, map_location="cpu", weights_only=True)
+        assert torch.equal(sd["v"].to("jax").cpu(), a[2:])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "REFUSED" in done.stdout and "legacy" in done.stdout and "map_location='cpu'" in done.stdout, done.stdout
+
+
 @case("io/save/safetensors_refuses_shared_like_cpu")
 def _st_shared():
     with jaxtorch.default_env():

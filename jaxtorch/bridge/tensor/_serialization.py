@@ -111,6 +111,15 @@ def _jax_deserialize(obj, location: str):
     """Restore a storage loaded from the file for `map_location="jax"` (or "jax:N")."""
     if not location.startswith("jax") or _HOLDER_TYPE is None:
         return None
+    if getattr(obj, "_torch_load_uninitialized", False):
+        # torch's legacy (non-zip) format reads the bytes into the restored storage afterwards,
+        # which a jax storage cannot take (it would write past an empty storage: a crash)
+        raise RuntimeError(
+            "jaxtorch: torch.load(..., map_location='jax') cannot read a file in torch's legacy format "
+            "(saved with `_use_new_zipfile_serialization=False` or by torch < 1.6). Load it to the CPU and "
+            "move it: `sd = torch.load(f, map_location='cpu')`, then `model.load_state_dict(sd)` or "
+            "`{k: v.to('jax') for k, v in sd.items()}` (or re-save it with `torch.save`)."
+        )
     cpu = obj if obj.device.type == "cpu" else obj.cpu()
     # an empty storage on the jax device (a wrapper's own, with no bytes): torch reads its device
     holder: torch.Tensor = torch.Tensor._make_wrapper_subclass(
