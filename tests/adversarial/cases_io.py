@@ -628,6 +628,46 @@ for _name, _view in VIEWS.items():
         equal(load_file(path)["x"], view(base).contiguous())
 
 
+LOAD_DTYPES = {
+    "bool": torch.tensor([True, False]),
+    "uint8": torch.tensor([0, 255], dtype=torch.uint8),
+    "int16": torch.tensor([-300, 7], dtype=torch.int16),
+    "uint16": torch.tensor([65535, 1], dtype=torch.uint16),
+    "uint32": torch.tensor([2**31 + 5, 1], dtype=torch.uint32),
+    "int64_small": torch.tensor([-3, 5]),
+    "int64_wide": torch.tensor([2**40, 5]),
+    "uint64_small": torch.tensor([5, 6], dtype=torch.uint64),
+    "uint64_wide": torch.tensor([2**40], dtype=torch.uint64),
+    "float16": torch.tensor([1.5, -2.0], dtype=torch.float16),
+    "float64": torch.tensor([1.0, 2.5], dtype=torch.float64),
+    "float64_0d": torch.tensor(1.5, dtype=torch.float64),
+    "complex128": torch.tensor([1 + 2j], dtype=torch.complex128),
+    "float8_e4m3fn": torch.tensor([1.0, -0.5]).to(torch.float8_e4m3fn),
+}
+
+for _name, _t in LOAD_DTYPES.items():
+
+    @case(f"io/save/map_location_jax_is_to_jax/{_name}")
+    def _load_is_to(t=_t):
+        """`torch.load(f, map_location="jax")` gives what `.to("jax")` of the CPU tensor gives, or the
+        same refusal (Float64Error / Int64Error without 64-bit mode). Before: float64 and complex128
+        bytes read as float32 (garbage), int64/uint64 wrapped, uint64 doubled in length."""
+        with jaxtorch.default_env():
+            try:
+                expected = t.to("jax").cpu()
+            except jaxtorch.JaxtorchError as e:
+                with pytest.raises(type(e)):
+                    _round_trip(t, map_location="jax")
+                return
+            got = _round_trip(t, map_location="jax")
+            assert got.device.type == "jax" and got.dtype == t.dtype, (got.device, got.dtype)
+            got = got.cpu()
+        if t.element_size() == 1 and t.is_floating_point():  # (NumPy has no float8: compare the bits)
+            got, expected, t = got.view(torch.uint8), expected.view(torch.uint8), t.view(torch.uint8)
+        equal(got, expected)
+        equal(expected, t)
+
+
 @case("io/save/torch_save_keeps_storage_sharing")
 def _sharing():
     """torch.save writes a view and its base once: after load they still share memory."""

@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import collections
 import mmap
+import sys
 import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..core._dtypes import to_jax_dtype
+from ..core._dtypes import _TORCH_TO_NP, check_int_range, narrowed_range, to_jax_dtype
 
 _TOKENS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # root tensor -> (nbytes, mmap, storage)
 
@@ -142,15 +142,37 @@ def pending_bytes(source) -> torch.UntypedStorage | None:
 
 
 def loaded_array(cpu_bytes: torch.UntypedStorage, dtype: torch.dtype, offset: int, size, stride) -> jax.Array:
-    """The jax array of the tensor `(dtype, offset, size, stride)` over the loaded bytes."""
+    """The jax array of the tensor `(dtype, offset, size, stride)` over the loaded bytes.
+
+    The bytes are read in the dtype the file holds (`_file_dtype`), and never narrowed
+    silently: float64 without JAX's 64-bit mode raises `Float64Error`, int64 values outside
+    the int32 range `Int64Error`, as `.to("jax")` of the same CPU tensor does."""
+    dtype = _file_dtype(dtype)
     host = torch.empty((0,), dtype=dtype).set_(cpu_bytes, offset, size, stride).contiguous()
     jax_dtype = to_jax_dtype(dtype)
     if dtype in _NUMPY_DTYPES:
         values = host.numpy()
-    else:  # (bfloat16, float8s: NumPy has no such dtype; their bits are the same in ml_dtypes)
+    else:  # (bfloat16, float8s, uint16-64: their bits, read as the same NumPy/ml_dtypes type)
         bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[host.element_size()]
-        values = host.view(bits).numpy().view(np.dtype(jax_dtype))
+        values = host.view(bits).numpy().view(_TORCH_TO_NP[dtype])
+    if values.size and narrowed_range(dtype) is not None:
+        check_int_range(values.min(), values.max(), dtype, "torch.load(..., map_location='jax')")
     return jnp.asarray(values, dtype=jax_dtype)
+
+
+def _file_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the storage torch is rebuilding a tensor from (`torch._utils._rebuild_tensor`'s
+    `storage.dtype`): `dtype` unless the jax placeholder torch made for it was narrowed (a
+    zero-element float64 placeholder is float32 without 64-bit mode), whose bytes are still float64."""
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        if frame.f_code is torch._utils._rebuild_tensor.__code__:
+            storage = frame.f_locals.get("storage")
+            return getattr(storage, "dtype", dtype)
+        frame = frame.f_back  # type: ignore[assignment]
+    return dtype
 
 
 _NUMPY_DTYPES = frozenset(
