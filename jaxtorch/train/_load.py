@@ -264,7 +264,27 @@ def _safetensors_entries(path: Path) -> dict[str, Entry]:
         if name == "__metadata__":
             continue
         entries[name] = _checked_entry(path, name, info, base, size)
+    _check_covered(path, entries, base, size)
     return entries
+
+
+def _check_covered(path: Path, entries: dict[str, Entry], base: int, size: int) -> None:
+    """Raise unless the tensors' bytes tile the data section exactly, one after another (as the
+    safetensors library requires: a gap or trailing bytes mean a damaged or spliced file)."""
+    end = base
+    for name, e in sorted(entries.items(), key=lambda kv: kv[1].start):  # type: ignore[union-attr]
+        assert isinstance(e, _SafetensorsEntry)
+        if e.start != end:
+            raise CheckpointError(
+                f"load_params: {path} is corrupted: {name!r} starts at byte {e.start - base} of the data, "
+                f"where the tensor before it ends at {end - base} (the safetensors library refuses it too)"
+            )
+        end = e.start + int(np.prod(e.shape, dtype=np.int64)) * e.dtype.itemsize
+    if end != size:
+        raise CheckpointError(
+            f"load_params: {path} is corrupted or was appended to: its tensors end at byte {end} and the "
+            f"file at {size} (the safetensors library refuses it too)"
+        )
 
 
 def _checked_entry(path: Path, name: str, info: Any, base: int, size: int) -> _SafetensorsEntry:
@@ -425,6 +445,22 @@ def _all_names(module: torch.nn.Module) -> dict[str, str]:
 
 
 # ---- placement ---------------------------------------------------------------------------
+def _check_placement(shardings: ShardingsLike, mesh: Mesh | None, rules: Rules, tensors: Mapping[str, Any]) -> None:
+    """Refuse placements that would be ignored silently: `shardings` with `mesh`/`rules`, rules
+    without a mesh, and a `shardings` dict naming what the model lacks (a typo would leave it unsharded)."""
+    if shardings is not None and (mesh is not None or rules):
+        raise ValueError("load_params: give either `shardings=` or `mesh=` with `rules=`, not both")
+    if rules and mesh is None:
+        raise ValueError("load_params: `rules=` place arrays on a mesh: pass `mesh=` too")
+    if isinstance(shardings, Mapping):
+        unknown = sorted(set(shardings) - set(tensors))
+        if unknown:
+            raise ValueError(
+                f"load_params: shardings names {unknown}, which the model does not have; its names are "
+                f"those of `extract` (e.g. {sorted(tensors)[:4]})"
+            )
+
+
 def _resolve_sharding(
     shardings: ShardingsLike, mesh: Mesh | None, rules: Rules, name: str, struct_: jax.ShapeDtypeStruct
 ) -> Sharding:
@@ -568,6 +604,7 @@ def load_params(
     entries = checkpoint_entries(path)
     params_t, state_t = split_state(model)
     tensors = {**params_t, **state_t}
+    _check_placement(shardings, mesh, rules, tensors)
     skip = non_persistent_names(model)
     wanted = {n for n in tensors if n not in skip}
     names = _all_names(model)

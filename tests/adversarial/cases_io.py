@@ -266,6 +266,28 @@ def _offsets_beyond():
     _raises_checkpoint_error(lambda: jaxtorch.load_params(m, path), "running_var")
 
 
+@case("io/load/bytes_after_the_last_tensor")
+def _trailing():
+    """The safetensors library refuses a file its tensors do not cover (appended to, spliced)."""
+    m, raw, _, _ = _saved_bytes()
+    path = _write(raw + bytes(8))
+    with pytest.raises(Exception):  # noqa: B017
+        load_file(path)
+    _raises_checkpoint_error(lambda: jaxtorch.load_params(m, path), "corrupted")
+
+
+@case("io/load/gap_between_tensors")
+def _gap():
+    m, raw, header, n = _saved_bytes()
+    last = max(header.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1)[0]
+    a, b = header[last]["data_offsets"]
+    header = {**header, last: {**header[last], "data_offsets": [a + 8, b + 8]}}
+    path = _write(_with_header(header, raw[8 + n : 8 + n + a] + bytes(8) + raw[8 + n + a :]))
+    with pytest.raises(Exception):  # noqa: B017
+        load_file(path)
+    _raises_checkpoint_error(lambda: jaxtorch.load_params(m, path), last)
+
+
 @case("io/load/junk_torch_file")
 def _junk_pt():
     m, d = _small(), _tmp()
@@ -337,6 +359,31 @@ def _dup_unsettled():
     (d / "b.safetensors").unlink()
     save_file({"0.weight": torch.zeros(2, 3), "0.bias": sd["0.bias"]}, d / "b.safetensors")
     _raises_checkpoint_error(lambda: jaxtorch.load_params(m, d), "0.weight")
+
+
+@case("io/load/sharding_for_a_name_the_model_lacks")
+def _shardings_typo():
+    """Before: a misspelt name in `shardings` left that array unsharded, silently."""
+    m, d = _small(), _tmp()
+    save_file(_sd(m), d / "m.safetensors")
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with pytest.raises(ValueError) as e:
+        jaxtorch.load_params(m, d / "m.safetensors", shardings={"0.wieght": one})
+    clear_error(e.value, "0.wieght")
+
+
+@case("io/load/shardings_and_mesh_together_refused")
+def _shardings_and_mesh():
+    """Before: `mesh=` won and `shardings=` was ignored; `rules=` without a mesh were ignored."""
+    m, d = _small(), _tmp()
+    save_file(_sd(m), d / "m.safetensors")
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    mesh = jax.make_mesh((1,), ("x",))
+    rules = [(r"weight$", jax.sharding.PartitionSpec("x"))]
+    for kw in ({"shardings": one, "mesh": mesh}, {"rules": rules}):
+        with pytest.raises(ValueError) as e:
+            jaxtorch.load_params(m, d / "m.safetensors", **kw)
+        clear_error(e.value, "mesh")
 
 
 # ---- load_params: tied weights --------------------------------------------------------------
