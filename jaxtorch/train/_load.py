@@ -174,6 +174,7 @@ def _aligned_empty(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.nd
 
 def _converted(host: np.ndarray, target: np.dtype) -> np.ndarray:
     """`host` in `target` dtype, in an aligned buffer (see `_aligned_empty`)."""
+    host = np.asarray(host)  # (indexing a 0-d array with `()` gives a NumPy scalar)
     if host.dtype == target and host.ctypes.data % 64 == 0:
         return host
     out = _aligned_empty(host.shape, target)

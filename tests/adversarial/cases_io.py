@@ -514,6 +514,36 @@ def _chain():
     close(fn({}, x.numpy()), _Chain()(x))
 
 
+class _Scaled(nn.Module):
+    """A 0-d non-persistent buffer (Gemma's `embed_scale`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("scale", torch.tensor(0.0), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.scale.fill_(3.0**0.5)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+@case("io/meta/0d_non_persistent_buffer_through_load_params")
+def _scaled():
+    """Before: AttributeError 'numpy.float32' object has no attribute 'ctypes' (Gemma on meta too)."""
+    torch.manual_seed(0)
+    ref, d = _Scaled(), _tmp()
+    save_file(_sd(ref), d / "m.safetensors")
+    with torch.device("meta"):
+        meta = _Scaled()
+    params, state = jaxtorch.load_params(meta, d / "m.safetensors")
+    _, fn = jaxtorch.extract(meta)
+    x = torch.randn(2, 3)
+    close(fn(params, x.numpy(), state=state), ref(x))
+
+
 class _ReadModify(nn.Module):
     def __init__(self):
         super().__init__()
