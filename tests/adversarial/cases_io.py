@@ -1039,6 +1039,35 @@ def _jax_jit_autocast():
     refuses_or(check, "autocast")
 
 
+@case("io/autocast/grad_scaler_fp16_steps_like_cpu")
+def _grad_scaler():
+    """fp16 autocast's companion: `torch.amp.GradScaler` skips the step with an inf gradient and
+    halves its scale, as on the CPU."""
+
+    def run(dev):
+        torch.manual_seed(0)
+        m = nn.Linear(4, 2).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(dev, init_scale=16.0)
+        x = torch.randn(8, 4).to(dev)
+        for i in range(3):
+            opt.zero_grad()
+            with torch.autocast(dev, dtype=torch.float16):
+                loss = m(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            if i == 1:
+                m.weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        return m.weight.detach().cpu(), scaler.get_scale()
+
+    expected = run("cpu")
+    with jaxtorch.default_env():
+        got = run("jax")
+    close(got[0], expected[0], rtol=1e-3, atol=1e-3)
+    assert got[1] == expected[1], (got[1], expected[1])
+
+
 _X = torch.randn(5, 2, 4, generator=torch.Generator().manual_seed(1))
 RECURRENT = {
     "lstm": (lambda: nn.LSTM(4, 4), lambda x: x),
