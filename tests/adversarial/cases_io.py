@@ -592,11 +592,33 @@ def _param_buffer():
 
 @case("io/meta/placeholder_params_called")
 def _placeholders():
+    """Before: JAX's 'A ShapeDtypeStruct does not have a value ...' TypeError, no way out."""
     with torch.device("meta"):
         meta = nn.Linear(3, 2)
     params, fn = jaxtorch.extract(meta)
     assert all(isinstance(v, jax.ShapeDtypeStruct) for v in params.values())
-    refuses_or(lambda: fn(params, np.ones((1, 3), np.float32)) and None, "ShapeDtypeStruct", "meta", "load_params")
+    assert jax.eval_shape(fn, params, jax.ShapeDtypeStruct((1, 3), jnp.float32)).shape == (1, 2)
+    with pytest.raises(jaxtorch.JaxtorchError) as e:
+        fn(params, np.ones((1, 3), np.float32))
+    clear_error(e.value, "load_params")
+
+
+@case("io/meta/placeholder_state_when_state_is_not_given")
+def _placeholder_state():
+    """Loaded params but no `state=`: before, AttributeError 'ShapeDtypeStruct' has no 'astype'."""
+    torch.manual_seed(0)
+    ref, d = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).eval(), _tmp()
+    save_file(_sd(ref), d / "m.safetensors")
+    with torch.device("meta"):
+        meta = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).eval()
+    params, state = jaxtorch.load_params(meta, d / "m.safetensors")
+    _, fn = jaxtorch.extract(meta)
+    x = torch.randn(5, 3)
+    with pytest.raises(jaxtorch.JaxtorchError) as e:
+        fn(params, x.numpy())
+    clear_error(e.value, "running_mean")
+    assert "state=state" in str(e.value)
+    close(fn(params, x.numpy(), state=state), ref(x))
 
 
 @case("io/meta/load_into_meta_model_not_silent")

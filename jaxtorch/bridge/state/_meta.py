@@ -24,11 +24,14 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+import jax
 import torch
 
 from ..core._errors import JaxtorchError
+from ._binding import ParamsError
 
 
 class MetaBufferError(JaxtorchError):
@@ -115,6 +118,22 @@ def computed_buffers(module: torch.nn.Module, names: Iterable[str]) -> dict[str,
     return out
 
 
+def check_no_placeholders(tree: Mapping[str, Any], what: str) -> None:
+    """Raise `ParamsError` for an entry of `tree` that is a `jax.ShapeDtypeStruct`: the
+    placeholder `extract` gives for a tensor on the meta device, which has no value to run with.
+
+    Example: `check_no_placeholders(extract(meta_model)[0], "params")` raises.
+    """
+    for name, value in tree.items():
+        if isinstance(value, jax.ShapeDtypeStruct):
+            raise ParamsError(
+                f"jaxtorch: {what}[{name!r}] is a jax.ShapeDtypeStruct, the placeholder of a tensor on the meta "
+                "device (it has no data to run with). Load the weights first: "
+                "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
+                "(`jax.eval_shape(fn, params, x)` accepts the placeholders)."
+            )
+
+
 def with_computed_buffers(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`tensors` (named as `named_state` names them) with each non-persistent buffer on the meta
     device replaced by its computed value (`computed_buffers`); others unchanged."""
@@ -122,4 +141,11 @@ def with_computed_buffers(module: torch.nn.Module, tensors: dict[str, torch.Tens
     return {**tensors, **computed_buffers(module, todo)} if todo else tensors
 
 
-__all__ = ["MetaBufferError", "computed_buffers", "with_computed_buffers", "is_meta", "non_persistent_names"]
+__all__ = [
+    "MetaBufferError",
+    "check_no_placeholders",
+    "computed_buffers",
+    "with_computed_buffers",
+    "is_meta",
+    "non_persistent_names",
+]
