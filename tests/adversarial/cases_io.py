@@ -831,6 +831,23 @@ def _param_pickle():
     equal(back.detach(), torch.ones(2))
 
 
+@case("io/save/python_attributes_kept_like_cpu")
+def _attrs():
+    """torch.save keeps attributes set on a tensor or parameter (`_rebuild_*_with_state`);
+    before, a jax tensor's were dropped."""
+    cpu_p, cpu_t = nn.Parameter(torch.ones(2)), torch.ones(2)
+    cpu_p.flag, cpu_t.flag = 3, 4
+    with jaxtorch.default_env():
+        jax_p, jax_t = nn.Parameter(torch.ones(2, device="jax")), torch.ones(2, device="jax")
+        jax_p.flag, jax_t.flag = 3, 4
+        for (p, t), where in (((cpu_p, cpu_t), "cpu"), ((jax_p, jax_t), "jax")):
+            back_p, back_t = _round_trip(p), _round_trip(t)
+            assert getattr(back_p, "flag", None) == 3 and getattr(back_t, "flag", None) == 4, where
+            assert type(back_p) is nn.Parameter and back_p.requires_grad
+            assert not hasattr(back_t, "_jt_elem") and not hasattr(back_p, "_is_param")
+        equal(_round_trip(jax_t), torch.ones(2))
+
+
 @case("io/save/interrupted_save_does_not_load")
 def _interrupted():
     class Boom:

@@ -42,13 +42,20 @@ _TOKENS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # root tensor -> (nbytes, 
 
 def reduce(t: torch.Tensor, protocol: int) -> tuple:
     """`t.__reduce_ex__(protocol)`: the reduction of its CPU copy (torch's `_rebuild_tensor_v2`;
-    a parameter, `_rebuild_parameter` around it, as torch saves `nn.Parameter`s).
+    a parameter, `_rebuild_parameter` around it, as torch saves `nn.Parameter`s), with the
+    Python attributes set on `t` (torch's `_rebuild_*_with_state`; jaxtorch's own fields left out).
 
     Example: `pickle.loads(pickle.dumps(jax_t))` is a CPU tensor equal to `jax_t.cpu()`.
     """
     with torch.no_grad():
         cpu = t.detach().to("cpu")
+    state = {k: v for k, v in vars(t).items() if not k.startswith("_jt_") and k != "_is_param"}
     if getattr(t, "_is_param", False):  # `nn.Parameter(jax_tensor)` keeps the jax tensor's class
+        if state:
+            return (
+                torch._utils._rebuild_parameter_with_state,
+                (cpu, t.requires_grad, collections.OrderedDict(), state),
+            )
         return (torch._utils._rebuild_parameter, (cpu, t.requires_grad, collections.OrderedDict()))
     args: tuple = (
         cpu._typed_storage(),
@@ -58,6 +65,8 @@ def reduce(t: torch.Tensor, protocol: int) -> tuple:
         t.requires_grad,
         collections.OrderedDict(),
     )
+    if state:
+        return (torch._tensor._rebuild_from_type_v2, (torch._utils._rebuild_tensor_v2, torch.Tensor, args, state))
     return (torch._utils._rebuild_tensor_v2, args)
 
 
