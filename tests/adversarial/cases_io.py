@@ -848,6 +848,34 @@ def _attrs():
         equal(_round_trip(jax_t), torch.ones(2))
 
 
+@case("io/save/deepcopy_of_model_keeps_parameters_like_cpu")
+def _deepcopy_model():
+    """Before: `copy.deepcopy(model)` on the jax device gave weights that were not
+    `nn.Parameter`s (plain tensors in `_parameters`), carried their grads and lost their
+    attributes, and a non-leaf tensor deep-copied where torch refuses."""
+
+    def probe(dev):
+        torch.manual_seed(0)
+        m = _Tied().to(dev)
+        m.emb.weight.flag = 1
+        m(torch.tensor([1, 2], device=dev)).sum().backward()
+        c = copy.deepcopy(m)
+        t = torch.ones(2, device=dev)
+        t.flag = 2
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(torch.ones(2, device=dev, requires_grad=True) * 2)
+        return (
+            type(c.emb.weight) is nn.Parameter or isinstance(c.emb.weight, nn.Parameter),
+            c.head.weight is c.emb.weight,
+            c.emb.weight.grad is None,
+            getattr(c.emb.weight, "flag", None),
+            getattr(copy.deepcopy(t), "flag", None),
+        )
+
+    with jaxtorch.default_env():
+        assert probe("jax") == probe("cpu"), (probe("jax"), probe("cpu"))
+
+
 @case("io/save/interrupted_save_does_not_load")
 def _interrupted():
     class Boom:

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import copy
 import mmap
 import sys
 import weakref
@@ -91,15 +92,35 @@ def data_ptr(t: torch.Tensor, root: torch.Tensor) -> int:
 
 
 def deepcopy(t: Any, memo: dict) -> Any:
-    """`copy.deepcopy(t)`: a clone (a new root), `requires_grad` kept, memoized."""
+    """`copy.deepcopy(t)`, as torch does it: a parameter gives a new `nn.Parameter` (a clone,
+    same `requires_grad`; no grad, no attributes: `Parameter.__deepcopy__`); a tensor, a clone
+    with its `requires_grad`, grad and attributes deep-copied, and only for a graph leaf
+    (torch's error otherwise). Memoized: tied tensors stay tied.
+
+    Example: `copy.deepcopy(model)` of a model on the jax device has tied, independent parameters.
+    """
     if id(t) in memo:
         return memo[id(t)]
+    if getattr(t, "_is_param", False):
+        with torch.no_grad():
+            param = torch.nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
+        memo[id(t)] = param
+        return param
+    if not t.is_leaf:
+        raise RuntimeError(
+            "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the "
+            "moment.  If you were attempting to deepcopy a module, this may be because of a "
+            "torch.nn.utils.weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001"
+        )
     with torch.no_grad():
         new = t.clone()
     if t.requires_grad:
         new.requires_grad_(True)
     if t.grad is not None:
-        new.grad = deepcopy(t.grad, memo)
+        new.grad = copy.deepcopy(t.grad, memo)
+    for k, v in vars(t).items():
+        if not k.startswith("_jt_"):
+            setattr(new, k, copy.deepcopy(v, memo))
     memo[id(t)] = new
     return new
 
