@@ -544,6 +544,70 @@ def _scaled():
     close(fn(params, x.numpy(), state=state), ref(x))
 
 
+class _EmbedScale(nn.Module):
+    """A scalar buffer on a module that owns a (potentially huge) weight."""
+
+    seen: list[bool] = []
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1000, 64))
+        self.register_buffer("scale", torch.tensor(0.0), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        _EmbedScale.seen.append(self.weight.is_meta)
+        nn.init.normal_(self.weight)
+        self.scale.fill_(8.0)
+
+    def forward(self, ids):
+        return self.weight[ids] * self.scale
+
+
+@case("io/meta/buffer_computed_without_materializing_the_weights")
+def _no_materialize():
+    """Before: Gemma's scalar `embed_scale` made load_params allocate and initialize the whole
+    embedding on the CPU (a 3 GB copy for Gemma-7B) to compute one number."""
+    with torch.device("meta"):
+        meta = _EmbedScale()
+    _EmbedScale.seen.clear()
+    _, fn = jaxtorch.extract(meta)
+    assert _EmbedScale.seen == [True], _EmbedScale.seen
+    np.testing.assert_array_equal(np.asarray(fn.state["scale"]), np.float32(8.0))
+
+
+class _FromWeight(nn.Module):
+    """A buffer computed from a parameter's values: needs real parameters to compute."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("total", torch.tensor(0.0), persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        nn.init.ones_(self.lin.weight)
+        self.total.copy_(self.lin.weight.sum())
+
+    def forward(self, x):
+        return self.lin(x) * self.total
+
+
+@case("io/meta/buffer_computed_from_parameter_values")
+def _from_weight():
+    with torch.device("meta"):
+        meta = _FromWeight()
+    ref = _FromWeight()
+    d = _tmp()
+    save_file(_sd(ref), d / "m.safetensors")
+    params, state = jaxtorch.load_params(meta, d / "m.safetensors")
+    _, fn = jaxtorch.extract(meta)
+    x = torch.randn(2, 3)
+    close(fn(params, x.numpy(), state=state), ref(x))
+    assert meta.lin.weight.is_meta and meta.total.is_meta  # the module is left as found
+
+
 class _ReadModify(nn.Module):
     def __init__(self):
         super().__init__()

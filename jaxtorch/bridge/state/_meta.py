@@ -63,8 +63,35 @@ def _init_hook(root: torch.nn.Module):
 
 def _recompute(root: torch.nn.Module, owner: torch.nn.Module, fill: int = 0) -> torch.nn.Module:
     """A CPU copy of `owner` whose buffers were computed by its own initialization code; before
-    it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows)."""
-    clone = copy.deepcopy(owner).to_empty(device="cpu")
+    it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows).
+
+    The copy first gets only its buffers on the CPU (its parameters stay on the meta device,
+    where initializing them costs nothing: an embedding owning a scalar buffer, as Gemma's
+    `embed_scale`, is not materialized); only code that needs parameter values (it fails on
+    the meta device, or leaves the buffer there) runs again on a fully materialized copy."""
+    try:
+        clone = _initialized(root, _materialized(owner, buffers_only=True), fill)
+        if not any(is_meta(b) or (b.is_floating_point() and bool(b.isnan().any())) for b in clone.buffers(False)):
+            return clone
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        pass  # (initialization code that reads parameters: run it on real ones)
+    return _initialized(root, _materialized(owner, buffers_only=False), fill)
+
+
+def _materialized(owner: torch.nn.Module, *, buffers_only: bool) -> torch.nn.Module:
+    """A copy of `owner` with uninitialized CPU memory for its buffers (and parameters)."""
+    clone = copy.deepcopy(owner)
+    if not buffers_only:
+        return clone.to_empty(device="cpu")
+    for m in clone.modules():
+        for name, b in m._buffers.items():
+            if b is not None and is_meta(b):
+                m._buffers[name] = torch.empty_like(b, device="cpu")
+    return clone
+
+
+def _initialized(root: torch.nn.Module, clone: torch.nn.Module, fill: int) -> torch.nn.Module:
+    """`clone` after its NaN/`fill` marking and its initialization code (see `_recompute`)."""
     with torch.no_grad():
         for b in clone.buffers(recurse=False):
             b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
