@@ -1027,6 +1027,23 @@ def _gen_threads():
     assert len(set(out)) == len(out) == 20, "two threads drew the same numbers from one generator"
 
 
+class _NamedGenerator(torch.Generator):
+    def name(self) -> str:
+        return "mine"
+
+
+@case("io/generator/user_subclass_keeps_its_class")
+def _gen_subclass():
+    """Before: `MyGen()` gave a plain generator (no `MyGen` methods) and every generator passed
+    `isinstance(g, MyGen)`."""
+    g = _NamedGenerator()
+    assert type(g) is _NamedGenerator and g.name() == "mine"
+    assert isinstance(g, torch.Generator) and not isinstance(torch.Generator(), _NamedGenerator)
+    assert isinstance(torch.Generator(device="jax"), torch.Generator)
+    g.manual_seed(4)
+    equal(torch.randn(3, generator=g), torch.randn(3, generator=torch.Generator().manual_seed(4)))
+
+
 @case("io/generator/foreign_state_refused")
 def _bad_state():
     g = torch.Generator(device="jax")
