@@ -685,6 +685,21 @@ def _placeholder_state():
     close(fn(params, x.numpy(), state=state), ref(x))
 
 
+@case("io/meta/like_factories_of_meta_tensors_onto_jax")
+def _like_meta():
+    """`torch.empty_like(meta, device=...)` reads only shape and dtype: what from_pretrained(...,
+    device_map=...) does for non-persistent buffers. CPU torch's result is the reference."""
+    meta = torch.empty(2, 3, device="meta")
+    for factory in (torch.zeros_like, torch.ones_like):
+        expected = factory(meta, device="cpu")
+        with jaxtorch.default_env():
+            got = factory(meta, device="jax")
+            assert got.device.type == "jax"
+            equal(got.cpu(), expected)
+    with jaxtorch.default_env():
+        assert torch.empty_like(meta, device="jax").shape == (2, 3)
+
+
 @case("io/meta/load_into_meta_model_not_silent")
 def _load_into_meta():
     """torch's `load_state_dict` into meta parameters warns that it is a no-op (`assign=True`)."""
