@@ -212,7 +212,14 @@ def globally():
 
 @pytest.mark.parametrize("where", ["eager", "lazy", "jit"])
 @pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
-def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globally, reentrant, where):
+def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globally, reentrant, where, monkeypatch):
+    from jaxtorch.bridge.dispatch import _remat
+
+    traced: list = []  # under jit: why each region went to torch's checkpoint (None: it is a jax.checkpoint)
+    original = _remat._trace
+    monkeypatch.setattr(
+        _remat, "_trace", lambda *a, **k: traced.append(original(*a, **k).torchs_way) or original(*a, **k)
+    )
     loss0, g0 = llama_reference
     model = copy.deepcopy(llama_cpu).to("jax")
     model.gradient_checkpointing_enable({"use_reentrant": reentrant})
@@ -231,6 +238,7 @@ def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globa
             return loss
 
         loss = step(model, ids)
+        assert traced == [None] * llama_cpu.config.num_hidden_layers
     assert float(loss.cpu()) == pytest.approx(loss0, rel=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad.cpu(), g0[n], rtol=1e-4, atol=1e-6, msg=n)
@@ -637,3 +645,76 @@ def test_selective_checkpointing_and_checkpoint_sequential(where):
         step(m, x.to("jax"))
     for (n, p), q in zip(cpu.named_parameters(), m.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, msg=n)
+
+
+def _jit_backward(fn, *args):
+    """Run `fn(*args)` (a scalar loss) and its backward inside one jaxtorch.jit program."""
+
+    @jaxtorch.jit
+    def step(*args):
+        loss = fn(*args)
+        loss.backward()
+        return loss.detach()
+
+    return step(*args)
+
+
+def _arg_in_place(lin, x, seen):
+    h = lin(x)
+    out = checkpoint(lambda h: h.mul_(3) + 1, h, use_reentrant=False)
+    return h.sum() + out.square().sum()  # (h was tripled by the region)
+
+
+def _shared_results(lin, x, seen):
+    a, b = checkpoint(lambda h: (lambda y: (y, y))(lin(h)), x, use_reentrant=False)
+    a.mul_(2)  # (b is a: it sees the write)
+    return b.square().sum()
+
+
+def _tensor_hook(lin, x, seen):
+    def region(h):
+        y = lin(h)
+        y.register_hook(lambda g: seen.append(g.sum()))
+        return y.tanh()
+
+    return checkpoint(region, x, use_reentrant=False).square().sum()
+
+
+def _module_hook(lin, x, seen):
+    handle = lin.register_full_backward_hook(lambda m, gi, go: seen.append(go[0].sum()))
+    try:
+        return checkpoint(lambda h: lin(h).tanh(), x, use_reentrant=False).square().sum()
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("case", [_arg_in_place, _shared_results, _tensor_hook, _module_hook])
+def test_regions_torch_must_run_keep_eager_semantics(case):
+    """Regions a jax.checkpoint cannot express with eager torch's meaning go to torch's
+    checkpoint under a trace too: an argument written in place (the caller sees the write),
+    results sharing data (a write through one shows in the other), a hook registered on a
+    tensor inside or a module's backward hook (they fire). (`retain_grad()` inside a region also
+    goes to torch's checkpoint, which leaves `.grad` None for any tensor subclass, on the CPU too.)"""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(5))
+    seen_cpu: list = []
+    loss = case(lin, x, seen_cpu)
+    loss.backward()
+    net = copy.deepcopy(lin).to("jax")
+    seen: list = []
+
+    @jaxtorch.jit
+    def step(net, x):
+        loss = case(net, x, seen)
+        loss.backward()
+        return loss.detach(), [t.detach() for t in seen]
+
+    got, observed = step(net, x.to("jax"))
+    assert float(got.cpu()) == pytest.approx(float(loss.detach()), rel=1e-6)
+    for n, p in lin.named_parameters():
+        torch.testing.assert_close(dict(net.named_parameters())[n].grad.cpu(), p.grad, msg=n)
+    expected = seen_cpu
+    assert len(observed) == len(expected) == (0 if case in (_arg_in_place, _shared_results) else 1)
+    for o, e in zip(observed, expected):
+        torch.testing.assert_close(o.cpu(), e)
