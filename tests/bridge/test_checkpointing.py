@@ -20,6 +20,8 @@ import transformers
 from torch.utils.checkpoint import checkpoint
 
 import jaxtorch
+from benchmarks._liveness import peak_live_bytes, programs_recorded
+from tests._hf_models import tiny_llama_config
 
 MODES = [True, False]
 MODE_IDS = ["reentrant", "non_reentrant"]
@@ -93,29 +95,6 @@ def test_lazy_gradients_equal_unchecked(weights, x, reentrant):
         torch.testing.assert_close(g1[n], g0[n], msg=n)
 
 
-@contextlib.contextmanager
-def _programs(record: list):
-    """Record the programs `jaxtorch.jit` compiles, with their arguments."""
-    original = jax.jit
-
-    def spy(fn, **kw):
-        jitted = original(fn, **kw)
-        if not any(s in getattr(fn, "__qualname__", "") for s in ("traced", "_with_vjp")):  # the step program
-            return jitted
-
-        def call(*args):
-            record.append((jitted, args))
-            return jitted(*args)
-
-        return call
-
-    jax.jit = spy
-    try:
-        yield
-    finally:
-        jax.jit = original
-
-
 def _jit(net, x, record=None):
     @jaxtorch.jit
     def step(net, x):
@@ -123,7 +102,7 @@ def _jit(net, x, record=None):
         loss.backward()
         return loss
 
-    with _programs(record if record is not None else []):
+    with programs_recorded(record if record is not None else []):
         loss = step(net, x, rng=jax.random.key(7))  # the same key: the same dropout masks
     return float(loss.cpu()), _grads(net)
 
@@ -176,17 +155,9 @@ def test_checkpoint_on_cpu_is_untouched():
 @pytest.fixture(scope="module")
 def llama_cpu():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=32,
-        attn_implementation="sdpa",
-    )
-    return transformers.LlamaForCausalLM(cfg).train()
+    return transformers.LlamaForCausalLM(
+        tiny_llama_config(max_position_embeddings=32, attn_implementation="sdpa")
+    ).train()
 
 
 @pytest.fixture(scope="module")
@@ -307,8 +278,6 @@ def _wide_x():
 def test_jax_first_grad_is_remat(wide_weights, ckpt):
     """extract + jax.grad (the make_train_step path): the regions are jax.checkpoint, the
     gradients equal CPU torch's and the in-order peak of live bytes drops."""
-    from benchmarks._liveness import peak_live_bytes
-
     params, fn = jaxtorch.extract(_wide(wide_weights, ckpt))
     x = jaxtorch.to_jax(_wide_x())
     grad = jax.grad(lambda p: fn(p, x))
@@ -328,14 +297,12 @@ def test_jax_first_grad_is_remat(wide_weights, ckpt):
 def test_jit_backward_inside_keeps_only_region_inputs(wide_weights, reentrant):
     """`loss.backward()` inside jaxtorch.jit: torch's autograd drives the backward through one
     node per region; the program's in-order peak drops and the gradients equal CPU torch's."""
-    from benchmarks._liveness import peak_live_bytes
-
     peaks, grads = [], []
     for ckpt in (None, reentrant):
         net = _wide(wide_weights, ckpt).to("jax")
         x = _wide_x().to("jax").requires_grad_(reentrant)  # (reentrant: an input must require grad)
         record: list = []
-        with _programs(record):
+        with programs_recorded(record):
 
             @jaxtorch.jit
             def step(net, x):
