@@ -33,7 +33,7 @@ from ..bridge.state._binding import split_state
 from ..bridge.state._layouts import ConvLayout, to_kernels
 from ..bridge.tensor._convert import tensor_to_jax, to_jax, tree_map
 from ._precision import MixedPrecision, resolve
-from ._state import Trainable, TrainState, select
+from ._state import Trainable, TrainState, check_not_donated, select
 
 Remat = None | bool | str | Callable
 
@@ -155,14 +155,20 @@ def make_train_step(
     policy = resolve(mixed_precision)
     checkpoint_policy = None if remat is None or remat is False else remat_policy(remat)
 
+    # init's own strong reference to the module, dropped after its first call (see `_release`)
+    held: list[torch.nn.Module] = [model]
+
     def init(params: dict | None = None, model_state: dict | None = None) -> TrainState:
         # committed copies: jit outputs are committed, so later steps hit the same cache; the
         # module's tensors are read now, not kept
-        params_t, state_t = split_state(model)
-        if params is None:
-            params = _copies(to_kernels(params_t, kernels))
-        if model_state is None:
-            model_state = _copies(state_t)
+        if params is None or model_state is None:
+            params_t, state_t = split_state(fn.module)
+            if params is None:
+                params = _copies(to_kernels(params_t, kernels))
+            if model_state is None:
+                model_state = _copies(state_t)
+            del params_t, state_t
+        held.clear()
         if set(params) != set(shapes):
             raise KeyError(
                 f"init: params must have exactly the module's trainable parameters ({len(shapes)} names, as "
@@ -231,11 +237,15 @@ def make_train_step(
             new = optax.apply_updates(trained, updates)
             new = {k: v.astype(trained[k].dtype) for k, v in new.items()}
             rest = {k: written.get(k, v) for k, v in state.model_state.items()}
+            if jit and isinstance(loss, jax.core.Tracer):
+                fn.release_module()  # traced: the compiled step no longer needs the module (a retrace does)
             return TrainState(params=new, model_state=rest, opt_state=opt_state, step=state.step + 1), loss
 
     compiled = jax.jit(step, donate_argnums=(0,) if donate else ()) if jit else step
 
     def run(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
+        if donate and jit:
+            check_not_donated(state, "step")
         inputs, targets = _torch_to_jax((inputs, targets))
         return compiled(state, inputs, targets, rng)
 
