@@ -9,6 +9,7 @@ jaxtorch.train.load_into(model, state)   # params and model_state (buffers, froz
 ```
 """
 
+from ..bridge.core._errors import ModuleReleasedError
 from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ._load import CheckpointKeysError, load_params
 from ._precision import MixedPrecision
@@ -22,6 +23,7 @@ __all__ = [
     "DeviceLoader",
     "DonatedStateError",
     "MixedPrecision",
+    "ModuleReleasedError",
     "TrainState",
     "data_mesh",
     "load_checkpoint",

@@ -17,8 +17,7 @@ import pytest
 import torch
 
 import jaxtorch
-from jaxtorch.bridge.core._errors import ModuleReleasedError
-from jaxtorch.train import DonatedStateError, make_train_step
+from jaxtorch.train import DonatedStateError, ModuleReleasedError, make_train_step
 
 from ._models import MLP, BNNet
 
