@@ -33,7 +33,7 @@ import sys
 
 PRESETS = {
     # hidden, intermediate, layers, heads, kv heads, vocab
-    "small": (512, 1408, 4, 8, 4, 8000),  # 29 M parameters
+    "small": (512, 1408, 4, 8, 4, 8000),  # 20 M parameters
     "medium": (768, 2048, 8, 12, 4, 32000),  # 99.5 M
     "336m": (1024, 2816, 24, 16, 4, 32000),  # 336.1 M, 1,282 MiB in float32 (issue 24's model)
 }
