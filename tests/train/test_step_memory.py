@@ -171,3 +171,19 @@ def test_repr_of_a_freed_function():
     assert "freed" in repr(fn)
     with pytest.raises(ModuleReleasedError):
         fn.module  # noqa: B018
+
+
+def test_a_retrace_after_release_keeps_the_mode_fixed_at_make_time():
+    """Released (held weakly), the step still runs every submodule in the mode it had when the
+    step was made, whatever `eval()` the caller ran since, and puts the caller's flags back."""
+    model = BNNet().train()
+    init, step = make_train_step(model, mse, optax.sgd(0.1))
+    state, _ = step(init(), *_data(d=6, k=2))
+    model.eval()
+    x, y = _data(n=5, d=6, k=2, seed=4)  # a new batch size: traced again, through the live module
+    twin = jaxtorch.load_into(copy.deepcopy(model), jax.tree_util.tree_map(jnp.copy, state)).train()
+    with torch.no_grad():
+        expected = float(torch.nn.functional.mse_loss(twin(x), y))  # batch statistics: train mode
+    state, loss = step(state, x, y)
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
+    assert not model.training and not model.bn.training
