@@ -50,8 +50,8 @@ class DonatedStateError(JaxtorchError):
     the state it is given by default, so its memory now holds the next state."""
 
 
-def check_not_donated(tree: Any, where: str) -> None:
-    """Raise `DonatedStateError` if an array in `tree` was deleted (donated to a step).
+def check_not_donated(tree: Any, where: str, cause: BaseException | None = None) -> None:
+    """Raise `DonatedStateError` (from `cause`) if an array in `tree` was deleted (donated to a step).
 
     **Example:** `check_not_donated(state, "step")` before running a step on `state`.
     """
@@ -69,7 +69,7 @@ def check_not_donated(tree: Any, where: str) -> None:
             "state), so use the state each step returns (`state, loss = step(state, x, y)`). To keep old "
             "states usable, build the step with `make_train_step(..., donate=False)`, or copy one first "
             "(`jax.tree_util.tree_map(jnp.copy, state)`)."
-        )
+        ) from cause
 
 
 def select(params: Mapping[str, Any], trainable: Trainable, buffers: Iterable[str] = ()) -> dict[str, bool]:

@@ -253,10 +253,12 @@ def make_train_step(
     compiled = jax.jit(step, donate_argnums=(0,) if donate else ()) if jit else step
 
     def run(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
-        if donate and jit:
-            check_not_donated(state, "step")
         inputs, targets = _torch_to_jax((inputs, targets))
-        return compiled(state, inputs, targets, rng)
+        try:
+            return compiled(state, inputs, targets, rng)
+        except (ValueError, RuntimeError) as e:  # JAX's "deleted or donated" buffer: say which and why
+            check_not_donated(state, "step", cause=e)
+            raise
 
     run.__doc__ = step.__doc__ = "step(state, inputs, targets, rng=None) -> (state, loss): one optimizer update."
     run.lower = getattr(compiled, "lower", None)  # type: ignore[attr-defined]  # AOT: step.lower(state, x, y, key).compile()
