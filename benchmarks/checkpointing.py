@@ -14,20 +14,24 @@ Two deterministic figures per program, no run needed:
 A pure-JAX reference (`jax.checkpoint` of an MLP stack) shows both figures for JAX's own
 remat. Gradients of the checkpointed steps are compared with the unchecked step's.
 
-    PYTHONPATH=$PWD python benchmarks/checkpointing.py             # default backend
-    PYTHONPATH=$PWD python benchmarks/checkpointing.py --layers 8 --seq 1024
+    python benchmarks/checkpointing.py             # default backend
+    python benchmarks/checkpointing.py --layers 8 --seq 1024
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import jax
 import torch
 import transformers
 
 import jaxtorch
-from benchmarks._liveness import peak_live_bytes, programs_recorded
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._liveness import peak_live_bytes, programs_recorded  # noqa: E402
 
 
 def _temp_mib(jitted, args) -> float:
