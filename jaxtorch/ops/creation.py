@@ -1,4 +1,4 @@
-"""Creation lowerings: zeros/ones/full/empty, *_like and new_*, arange/linspace/logspace,
+"""Creation lowerings: zeros/ones/full/empty, *_like and new_*, arange/range/linspace/logspace,
 eye, tril/triu indices, fill/zero, complex/polar.
 
 Factories take their shape and scalars as static Python values, so every lowering here
@@ -241,6 +241,25 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
         return (start + step * index).astype(dtype)
     compute = jnp.promote_types(dtype, np.float32)  # half types computed in float32, as ATen's acc type
     return (start + step * index.astype(compute)).astype(dtype)
+
+
+@register(aten.range.step, aten.range.default)
+def range_(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    """`torch.range(start, end, step)` (deprecated in torch): `end` included, the default float
+    dtype unless `dtype` is given; values `start + i * step` in double precision, as ATen.
+
+    **Example:** `torch.range(0, 1, 0.25)` is `[0., 0.25, 0.5, 0.75, 1.]`.
+    """
+    start, end, step = _as_number(start), _as_number(end), _as_number(step)
+    _check_range(start, end, step)
+    dtype = np.dtype(dtype) if dtype is not None else default_float()
+    if jnp.issubdtype(dtype, jnp.integer):
+        n = max(int((int(end) - int(start)) / int(step)) + 1, 0)
+        for v in (int(start), int(start) + int(step) * max(n - 1, 0)):
+            check_int_value(v, dtype, "torch.range")
+        return (int(start) + int(step) * lax.iota(canonical_int(), n)).astype(dtype)
+    n = max(int((end - start) / step + 1), 0)
+    return jnp.asarray((float(start) + np.arange(n, dtype=np.float64) * float(step)).astype(dtype))
 
 
 def _linspace_values(start, end, steps: int, compute) -> jax.Array:

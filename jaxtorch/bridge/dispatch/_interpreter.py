@@ -61,7 +61,7 @@ from ..tensor._tensor import (
 from . import _foreach as foreach
 from . import _result_dtype
 from . import _writes as writes
-from ._routing import Kind, Route, route
+from ._routing import Kind, Route, is_factory_sibling, route
 from ._routing import functional_sibling as _functional_sibling
 from ._routing import mutated_args as _mutated_args
 
@@ -389,6 +389,15 @@ def _sibling_compute(func, sibling, mutated) -> Callable:
         return inner
     names = {m[1] for m in mutated}
     n_pos = len([a for a in sibling._schema.arguments if not a.kwarg_only])
+    if is_factory_sibling(func, sibling):  # `arange.out` -> `arange.start_step`: the out tensor's dtype
+        ((i, out_name, kw_only),) = mutated
+
+        def make(ex: Executor, args, kwargs):
+            out = kwargs.get(out_name) if (kw_only or i >= len(args)) else args[i]
+            kw = {k: v for k, v in kwargs.items() if k not in names}
+            return inner(ex, args[:n_pos], {**kw, "dtype": out.dtype})
+
+        return make
 
     def compute(ex: Executor, args, kwargs):
         return inner(ex, args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
@@ -764,6 +773,58 @@ _backend_lib = torch.library.Library("aten", "IMPL")
 _backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
 _backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
 _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+
+
+def _is_lowered_factory(op) -> bool:
+    """Whether `op` is an ATen factory with a lowering: a `device` argument, no tensor argument,
+    nothing written (`torch.arange(3)`, `torch.eye(2)`, `torch.tril_indices(3, 3)`).
+
+    **Example:** `_is_lowered_factory(aten.arange.start_step)` is True; `aten.arange.out` is not.
+    """
+    schema = op._schema
+    return (
+        op.namespace == "aten"
+        and not schema.is_mutable
+        and any(a.name == "device" for a in schema.arguments)
+        and not any("Tensor" in str(a.type) for a in schema.arguments)
+        and registry.lookup(op) is not None
+    )
+
+
+def _factory_kernel(op) -> Callable:
+    """The `jax` backend kernel of the factory `op`: its lowering, through `dispatch`.
+
+    Without it, torch builds these factories for the device itself (`empty`, then the op's
+    `out=` overload), and several of those paths loop back into the factory (`arange.out`'s
+    reference calls `prims.iota`, whose ATen kernel calls `torch.arange`) or have no kernel at
+    all (`tril_indices`). With it, `torch.arange(3, device="jax")` runs as it does under
+    `enable_globally`: one op, torch's dtype.
+    """
+
+    def kernel(*args, **kwargs):
+        return _place(dispatch(op, args, kwargs), kwargs.get("device"))
+
+    kernel.__name__ = f"jax_{op.name().split('::')[1]}"
+    return kernel
+
+
+def _register_factory_kernels() -> list:
+    """Give each lowered factory without a `jax` backend kernel one (`_factory_kernel`)."""
+    done = []
+    for key in registry.registered_ops():
+        packet = isinstance(key, torch._ops.OpOverloadPacket)
+        overloads = [getattr(key, o) for o in key.overloads()] if packet else [key]
+        for op in overloads:
+            if not isinstance(op, torch._ops.OpOverload) or not _is_lowered_factory(op):
+                continue
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
+                continue  # (`empty`, `empty_strided`: the kernels above)
+            _backend_lib.impl(op.name().split("::")[1], _factory_kernel(op), "PrivateUse1")
+            done.append(op)
+    return done
+
+
+FACTORY_KERNELS = _register_factory_kernels()
 
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
