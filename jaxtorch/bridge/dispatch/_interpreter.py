@@ -113,6 +113,8 @@ def _to_jax_arg(x, func, raw: bool = False):
                 out.append(y._raw() if raw else y.elem)
             elif ty in _PLAIN:
                 out.append(y)
+            elif func in _CPU_INDICES and isinstance(y, torch.Tensor) and y.device.type == "cpu":
+                out.append(tensor_to_jax(y))  # `x[cpu_index]`: moved, as torch moves CPU indices to CUDA
             else:
                 out.append(_to_jax_arg(y, func, raw))
         return t(out)
@@ -129,6 +131,20 @@ def _to_jax_arg(x, func, raw: bool = False):
     if isinstance(x, torch.dtype):
         return to_jax_dtype(x)
     return x
+
+
+# ops whose index list (`Tensor?[] indices`) may hold CPU tensors for a tensor on another device, as in
+# torch (`cuda_x[cpu_index]`, `cuda_x[cpu_index] = 0`; `nn.init.sparse_` does this on any device)
+_CPU_INDICES = frozenset(
+    {
+        aten.index.Tensor,
+        aten.index_put.default,
+        aten.index_put_.default,
+        aten._index_put_impl_.default,
+        aten._unsafe_index.Tensor,
+        aten._unsafe_index_put.default,
+    }
+)
 
 
 def _unwrap_args(args, kwargs, func, pending: bool):
