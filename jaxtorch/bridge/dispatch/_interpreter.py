@@ -184,8 +184,7 @@ def _wrap_out(out, func=None, args=(), kwargs=None):
     dtype for `func(*args, **kwargs)` (int32 or int64, see `_result_dtype`)."""
     if func is not None and type(out) is not tuple and type(out) is not list:  # one array (the common case)
         if _is_array(out) and out.dtype in _AMBIGUOUS and _result_dtype.ambiguous(out.dtype):
-            (dtype,) = _result_dtype.label(func, args, kwargs or {}, [out])
-            return JaxTensor(out, dtype=dtype)
+            return JaxTensor(out, dtype=_result_dtype.label_one(func, args, kwargs or {}, out))
     elif func is not None and _has_ambiguous(out):
         arrays: list = []
         _arrays_of(out, arrays)
@@ -335,6 +334,32 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
 
+    def write_result(t, r) -> None:
+        if t is None:
+            return
+        if not isinstance(t, JaxTensor):
+            _cpu_write(func, t)
+            raise DeviceMismatchError(func, t.device)
+        value = r._raw() if type(r) is JaxTensor else r
+        if check_cast is not None:
+            check_cast(value, t)
+        if tuple(value.shape) != tuple(t.shape):
+            # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
+            rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
+            return
+        write(t, value)
+
+    if len(positions) == 1:  # (the common case: `add_`, `out=`; no lists built)
+        ((i0, name0, kw0),) = positions
+
+        def run_one(ex: Executor, args, kwargs):
+            result = compute(ex, args, kwargs)
+            t = kwargs.get(name0) if (kw0 or i0 >= len(args)) else args[i0]
+            write_result(t, result)
+            return t
+
+        return run_one
+
     def run(ex: Executor, args, kwargs):
         result = compute(ex, args, kwargs)
         targets = []
@@ -343,21 +368,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
             targets.append(t)
         results = result if isinstance(result, (list, tuple)) and len(targets) > 1 else (result,)
         for t, r in zip(targets, results):
-            if t is None:
-                continue
-            if not isinstance(t, JaxTensor):
-                _cpu_write(func, t)
-                raise DeviceMismatchError(func, t.device)
-            value = r._raw() if isinstance(r, JaxTensor) else r
-            if check_cast is not None:
-                check_cast(value, t)
-            if tuple(value.shape) != tuple(t.shape):
-                # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
-                rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
-                continue
-            write(t, value)
-        if len(targets) == 1:
-            return targets[0]
+            write_result(t, r)
         return tuple(targets)
 
     return run
