@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,14 @@ EXACT = {
     "eye_out": "torch.eye(2, out=torch.empty(2, 2, device=d))",
     "full_out": "torch.full((7,), 2, out=torch.empty(7, dtype=torch.float16, device=d))",
     "range_out": "torch.range(0, 4, out=torch.empty(2, device=d))",
+}
+# name -> expression of `d`: compared with CPU torch to float32 rounding (a different order of operations)
+CLOSE = {
+    "hann_window": "torch.hann_window(5, device=d)",
+    "kaiser_window": "torch.kaiser_window(5, device=d)",
+    "kaiser_window_symmetric": "torch.kaiser_window(7, False, device=d)",
+    "kaiser_window_beta": "torch.kaiser_window(64, True, 8.6, device=d)",
+    "kaiser_window_half": "torch.kaiser_window(6, dtype=torch.float16, device=d)",
 }
 # name -> expression giving a tuple of plain values that must agree with CPU torch's (random factories)
 STRUCTURAL = {
@@ -124,7 +133,7 @@ print("RESULTS" + json.dumps(out))
 @pytest.fixture(scope="module")
 def results() -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cases = json.dumps({"exact": EXACT, "structural": STRUCTURAL, "raises": RAISES})
+    cases = json.dumps({"exact": EXACT, "close": CLOSE, "structural": STRUCTURAL, "raises": RAISES})
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, cases], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
     )
@@ -138,6 +147,14 @@ def test_factory_matches_cpu_torch(results, name):
     got = results[name]
     assert isinstance(got["cpu"], dict), got["cpu"]
     assert got["jax"] == {**got["cpu"], "device": "jax"}
+
+
+@pytest.mark.parametrize("name", sorted(CLOSE))
+def test_factory_matches_cpu_torch_to_rounding(results, name):
+    got = results[name]
+    assert isinstance(got["cpu"], dict) and isinstance(got["jax"], dict), got["jax"]
+    assert (got["jax"]["dtype"], got["jax"]["device"]) == (got["cpu"]["dtype"], "jax")
+    np.testing.assert_allclose(got["jax"]["values"], got["cpu"]["values"], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", sorted(STRUCTURAL))
