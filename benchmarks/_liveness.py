@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -68,6 +69,30 @@ def peak_live_bytes(jaxpr) -> int:
         for v in {v for v in eqn.invars if isinstance(v, jex.Var) and v not in args and last.get(v) == i}:
             live -= _bytes(v)
     return peak
+
+
+@contextlib.contextmanager
+def programs_recorded(record: list):
+    """Record each program `jaxtorch.jit` compiles and calls, with its arguments, in `record`
+    (to trace or lower it again): `with programs_recorded(rec): step(...)`, then `rec[-1]`."""
+    original = jax.jit
+
+    def spy(fn, **kw):
+        jitted = original(fn, **kw)
+        if not any(s in getattr(fn, "__qualname__", "") for s in ("traced", "_with_vjp")):  # (eager ops' own jits)
+            return jitted
+
+        def call(*args):
+            record.append((jitted, args))
+            return jitted(*args)
+
+        return call
+
+    jax.jit = spy
+    try:
+        yield
+    finally:
+        jax.jit = original
 
 
 def mlp_reference(layers: int = 4, rows: int = 1024, dim: int = 256) -> tuple[int, int]:

@@ -14,44 +14,24 @@ Two deterministic figures per program, no run needed:
 A pure-JAX reference (`jax.checkpoint` of an MLP stack) shows both figures for JAX's own
 remat. Gradients of the checkpointed steps are compared with the unchecked step's.
 
-    PYTHONPATH=$PWD python benchmarks/checkpointing.py             # default backend
-    PYTHONPATH=$PWD python benchmarks/checkpointing.py --layers 8 --seq 1024
+    python benchmarks/checkpointing.py             # default backend
+    python benchmarks/checkpointing.py --layers 8 --seq 1024
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
+import sys
 
 import jax
 import torch
 import transformers
 
 import jaxtorch
-from benchmarks._liveness import peak_live_bytes
 
-
-@contextlib.contextmanager
-def _programs_recorded(record: list):
-    """Record each program `jaxtorch.jit` compiles and calls, with its arguments (to lower it again)."""
-    original = jax.jit
-
-    def spy(fn, **kw):
-        jitted = original(fn, **kw)
-        if not any(s in getattr(fn, "__qualname__", "") for s in ("traced", "_with_vjp")):  # (eager ops' own jits)
-            return jitted
-
-        def call(*args):
-            record.append((jitted, args))
-            return jitted(*args)
-
-        return call
-
-    jax.jit = spy
-    try:
-        yield
-    finally:
-        jax.jit = original
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._liveness import peak_live_bytes, programs_recorded  # noqa: E402
 
 
 def _temp_mib(jitted, args) -> float:
@@ -77,7 +57,7 @@ def llama_step(cfg, ids, mode: str):
         return loss.detach()  # (a loss that requires grad makes the program a VJP for a second backward)
 
     record: list = []
-    with _programs_recorded(record):
+    with programs_recorded(record):
         loss = step(model, ids)
     jitted, args = record[-1]
     grads = {n: p.grad.cpu() for n, p in model.named_parameters()}

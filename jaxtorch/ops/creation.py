@@ -1,5 +1,5 @@
-"""Creation lowerings: zeros/ones/full/empty, *_like and new_*, arange/linspace/logspace,
-eye, tril/triu indices, fill/zero, complex/polar.
+"""Creation lowerings: zeros/ones/full/empty, *_like and new_*, arange/range/linspace/logspace,
+eye, tril/triu indices, kaiser_window, fill/zero, complex/polar.
 
 Factories take their shape and scalars as static Python values, so every lowering here
 builds a JAX value of static shape. `empty*` returns zeros (JAX has no uninitialized
@@ -241,6 +241,51 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
         return (start + step * index).astype(dtype)
     compute = jnp.promote_types(dtype, np.float32)  # half types computed in float32, as ATen's acc type
     return (start + step * index.astype(compute)).astype(dtype)
+
+
+@register(aten.range.step, aten.range.default)
+def range_(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    """`torch.range(start, end, step)` (deprecated in torch): `end` included, the default float
+    dtype unless `dtype` is given; values `start + i * step` in double precision, as ATen.
+
+    **Example:** `torch.range(0, 1, 0.25)` is `[0., 0.25, 0.5, 0.75, 1.]`.
+    """
+    start, end, step = _as_number(start), _as_number(end), _as_number(step)
+    _check_range(start, end, step)
+    dtype = np.dtype(dtype) if dtype is not None else default_float()
+    if jnp.issubdtype(dtype, jnp.integer):
+        n = max(int((int(end) - int(start)) / int(step)) + 1, 0)
+        for v in (int(start), int(start) + int(step) * max(n - 1, 0)):
+            check_int_value(v, dtype, "torch.range")
+        return (int(start) + int(step) * lax.iota(canonical_int(), n)).astype(dtype)
+    n = max(int((end - start) / step + 1), 0)
+    return jnp.asarray((float(start) + np.arange(n, dtype=np.float64) * float(step)).astype(dtype))
+
+
+@register(aten.kaiser_window.default, aten.kaiser_window.periodic, aten.kaiser_window.beta)
+def kaiser_window(
+    window_length, periodic=True, beta=12.0, *, dtype=None, layout=None, device=None, pin_memory=None
+) -> jax.Array:
+    """`torch.kaiser_window(n, periodic, beta)`: `I0(beta * sqrt(1 - ((k - a) / a)^2)) / I0(beta)`,
+    `a = (m - 1) / 2` over `m = n + 1` points when periodic (the last dropped), `n` otherwise.
+
+    **Example:** `torch.kaiser_window(5, beta=8.0)` matches CPU torch to float32 rounding.
+    """
+    dtype = np.dtype(dtype) if dtype is not None else default_float()
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise RuntimeError("kaiser_window expects floating point dtypes")
+    if window_length < 0:
+        raise RuntimeError(f"kaiser_window requires non-negative window_length, got window_length={window_length}")
+    if window_length <= 1:
+        return jnp.ones((window_length,), dtype)
+    m = window_length + 1 if periodic else window_length
+    compute = jnp.promote_types(dtype, np.float32)  # (half types computed in float32, as ATen's opmath)
+    k = lax.iota(compute, m)
+    alpha = np.asarray((m - 1) / 2.0, compute)
+    b = np.asarray(beta, compute)
+    i0 = jax.scipy.special.i0
+    w = i0(b * jnp.sqrt(jnp.abs(1 - ((k - alpha) / alpha) ** 2))) / i0(b)
+    return w[:window_length].astype(dtype)
 
 
 def _linspace_values(start, end, steps: int, compute) -> jax.Array:

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import torch
 
+from ..bridge.core._errors import JaxtorchError
 from ..bridge.state._binding import ParamsError, named_state, split_state
 from ..bridge.state._layouts import conv_kernels, from_kernels
 from ..bridge.tensor._convert import array_to_torch
@@ -42,6 +43,33 @@ class TrainState(NamedTuple):
 
 
 Trainable = None | str | Iterable[str] | Callable[[str, jax.Array], bool]
+
+
+class DonatedStateError(JaxtorchError):
+    """A `TrainState` (or arrays of one) that an earlier step consumed: `make_train_step` donates
+    the state it is given by default, so its memory now holds the next state."""
+
+
+def check_not_donated(tree: Any, where: str, cause: BaseException | None = None) -> None:
+    """Raise `DonatedStateError` (from `cause`) if an array in `tree` was deleted (donated to a step).
+
+    **Example:** `check_not_donated(state, "step")` before running a step on `state`.
+    """
+    if not any(isinstance(leaf, jax.Array) and leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(tree)):
+        return
+    gone = [
+        jax.tree_util.keystr(path)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if isinstance(leaf, jax.Array) and leaf.is_deleted()
+    ]
+    if gone:
+        raise DonatedStateError(
+            f"{where}: {len(gone)} arrays of this state were donated to an earlier step and no longer exist "
+            f"(first: {gone[0]}): `make_train_step` donates the state it is given (its memory holds the new "
+            "state), so use the state each step returns (`state, loss = step(state, x, y)`). To keep old "
+            "states usable, build the step with `make_train_step(..., donate=False)`, or copy one first "
+            "(`jax.tree_util.tree_map(jnp.copy, state)`)."
+        ) from cause
 
 
 def select(params: Mapping[str, Any], trainable: Trainable, buffers: Iterable[str] = ()) -> dict[str, bool]:
@@ -106,6 +134,7 @@ def load_into(
         torch.save(model.state_dict(), "model.pt")
         ```
     """
+    check_not_donated((params, state), "load_into")
     if isinstance(params, TrainState):
         if state is not None:
             raise TypeError("load_into: a TrainState carries its own state (`model_state`); do not pass `state=` too")
@@ -164,4 +193,4 @@ def _host(value) -> torch.Tensor:
     return array_to_torch(value, copy=False)  # read at once by copy_
 
 
-__all__ = ["TrainState", "buffer_names", "load_into", "select"]
+__all__ = ["DonatedStateError", "TrainState", "buffer_names", "check_not_donated", "load_into", "select"]

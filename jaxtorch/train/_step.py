@@ -33,7 +33,7 @@ from ..bridge.state._binding import split_state
 from ..bridge.state._layouts import ConvLayout, to_kernels
 from ..bridge.tensor._convert import tensor_to_jax, to_jax, tree_map
 from ._precision import MixedPrecision, resolve
-from ._state import Trainable, TrainState, select
+from ._state import Trainable, TrainState, check_not_donated, select
 
 Remat = None | bool | str | Callable
 
@@ -124,17 +124,26 @@ def make_train_step(
       precision with float32 master weights (loss scaling off unless set).
     - `jit`: compile `step` with `jax.jit` (default).
     - `donate`: (default True) donate the state passed to `step` to the new one: its
-      arrays' memory is reused (AdamW's peak memory ~4x the weights, not ~6x), so the state
-      passed in cannot be used again (`state, loss = step(state, ...)` is the idiom). Pass
-      `donate=False` to keep old states usable (e.g. to compare two steps).
+      arrays' memory is reused (an AdamW step needs ~3.6x the weights, not ~6.9x), so the
+      state passed in cannot be used again (`state, loss = step(state, ...)` is the idiom;
+      passing it to `step` or `load_into` again raises `DonatedStateError`). Arrays given to
+      `init(params=...)` become the state's and are donated with it. Pass `donate=False` to
+      keep old states usable (e.g. to compare two steps), or copy one state to keep
+      (`jax.tree_util.tree_map(jnp.copy, state)`).
     - `train`: the mode the model runs in, fixed here as in `extract` (None: each
       submodule's mode now, usually `model.train()`).
     - `conv_layout`: "flax" keeps convolution weights (and their gradients and optimizer
       state) in the layout XLA's CPU convolutions read, as `<module>.kernel`, as in
       `extract`; `load_into` takes them back.
 
-    The step keeps no arrays of the module: `init()` copies the module's values when it
-    is called, and only the `TrainState` holds them from then on.
+    **The module's weights are not kept.** `init()` copies the module's values when it is
+    called, and only the `TrainState` holds them from then on. `init` and `step` hold the
+    module itself until they have used it (the first `init()`, the first traced step), then
+    only weakly: `del model` after those frees the torch weights (AdamW's peak is then the
+    state's 3x plus the step's temporaries; a script that keeps the module pays its 1x on
+    top). A retrace (new input shapes or dtypes) or `init()` without `params=` after the
+    module is freed raises `ModuleReleasedError` (a `ReferenceError`): keep the module while
+    the step may retrace. With `jit=False` every step runs the module, so it is kept.
 
     **Returns:** `(init, step)`:
     - `init(params=None, model_state=None) -> TrainState`: copies of the model's current
@@ -155,14 +164,20 @@ def make_train_step(
     policy = resolve(mixed_precision)
     checkpoint_policy = None if remat is None or remat is False else remat_policy(remat)
 
+    # init's own strong reference to the module, dropped after its first call (see `_release`)
+    held: list[torch.nn.Module] = [model]
+
     def init(params: dict | None = None, model_state: dict | None = None) -> TrainState:
         # committed copies: jit outputs are committed, so later steps hit the same cache; the
         # module's tensors are read now, not kept
-        params_t, state_t = split_state(model)
-        if params is None:
-            params = _copies(to_kernels(params_t, kernels))
-        if model_state is None:
-            model_state = _copies(state_t)
+        if params is None or model_state is None:
+            params_t, state_t = split_state(fn.module)
+            if params is None:
+                params = _copies(to_kernels(params_t, kernels))
+            if model_state is None:
+                model_state = _copies(state_t)
+            del params_t, state_t
+        held.clear()
         if set(params) != set(shapes):
             raise KeyError(
                 f"init: params must have exactly the module's trainable parameters ({len(shapes)} names, as "
@@ -231,13 +246,19 @@ def make_train_step(
             new = optax.apply_updates(trained, updates)
             new = {k: v.astype(trained[k].dtype) for k, v in new.items()}
             rest = {k: written.get(k, v) for k, v in state.model_state.items()}
+            if jit and isinstance(loss, jax.core.Tracer):
+                fn.release_module()  # traced: the compiled step no longer needs the module (a retrace does)
             return TrainState(params=new, model_state=rest, opt_state=opt_state, step=state.step + 1), loss
 
     compiled = jax.jit(step, donate_argnums=(0,) if donate else ()) if jit else step
 
     def run(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
         inputs, targets = _torch_to_jax((inputs, targets))
-        return compiled(state, inputs, targets, rng)
+        try:
+            return compiled(state, inputs, targets, rng)
+        except (ValueError, RuntimeError) as e:  # JAX's "deleted or donated" buffer: say which and why
+            check_not_donated(state, "step", cause=e)
+            raise
 
     run.__doc__ = step.__doc__ = "step(state, inputs, targets, rng=None) -> (state, loss): one optimizer update."
     run.lower = getattr(compiled, "lower", None)  # type: ignore[attr-defined]  # AOT: step.lower(state, x, y, key).compile()

@@ -20,6 +20,8 @@ import transformers
 from torch.utils.checkpoint import checkpoint
 
 import jaxtorch
+from benchmarks._liveness import peak_live_bytes, programs_recorded
+from tests._hf_models import tiny_llama_config
 
 MODES = [True, False]
 MODE_IDS = ["reentrant", "non_reentrant"]
@@ -93,29 +95,6 @@ def test_lazy_gradients_equal_unchecked(weights, x, reentrant):
         torch.testing.assert_close(g1[n], g0[n], msg=n)
 
 
-@contextlib.contextmanager
-def _programs(record: list):
-    """Record the programs `jaxtorch.jit` compiles, with their arguments."""
-    original = jax.jit
-
-    def spy(fn, **kw):
-        jitted = original(fn, **kw)
-        if not any(s in getattr(fn, "__qualname__", "") for s in ("traced", "_with_vjp")):  # the step program
-            return jitted
-
-        def call(*args):
-            record.append((jitted, args))
-            return jitted(*args)
-
-        return call
-
-    jax.jit = spy
-    try:
-        yield
-    finally:
-        jax.jit = original
-
-
 def _jit(net, x, record=None):
     @jaxtorch.jit
     def step(net, x):
@@ -123,7 +102,7 @@ def _jit(net, x, record=None):
         loss.backward()
         return loss
 
-    with _programs(record if record is not None else []):
+    with programs_recorded(record if record is not None else []):
         loss = step(net, x, rng=jax.random.key(7))  # the same key: the same dropout masks
     return float(loss.cpu()), _grads(net)
 
@@ -176,17 +155,9 @@ def test_checkpoint_on_cpu_is_untouched():
 @pytest.fixture(scope="module")
 def llama_cpu():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=32,
-        attn_implementation="sdpa",
-    )
-    return transformers.LlamaForCausalLM(cfg).train()
+    return transformers.LlamaForCausalLM(
+        tiny_llama_config(max_position_embeddings=32, attn_implementation="sdpa")
+    ).train()
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +183,14 @@ def globally():
 
 @pytest.mark.parametrize("where", ["eager", "lazy", "jit"])
 @pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
-def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globally, reentrant, where):
+def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globally, reentrant, where, monkeypatch):
+    from jaxtorch.bridge.dispatch import _remat
+
+    traced: list = []  # under jit: why each region went to torch's checkpoint (None: it is a jax.checkpoint)
+    original = _remat._trace
+    monkeypatch.setattr(
+        _remat, "_trace", lambda *a, **k: traced.append(original(*a, **k).torchs_way) or original(*a, **k)
+    )
     loss0, g0 = llama_reference
     model = copy.deepcopy(llama_cpu).to("jax")
     model.gradient_checkpointing_enable({"use_reentrant": reentrant})
@@ -231,6 +209,7 @@ def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globa
             return loss
 
         loss = step(model, ids)
+        assert traced == [None] * llama_cpu.config.num_hidden_layers
     assert float(loss.cpu()) == pytest.approx(loss0, rel=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad.cpu(), g0[n], rtol=1e-4, atol=1e-6, msg=n)
@@ -299,8 +278,6 @@ def _wide_x():
 def test_jax_first_grad_is_remat(wide_weights, ckpt):
     """extract + jax.grad (the make_train_step path): the regions are jax.checkpoint, the
     gradients equal CPU torch's and the in-order peak of live bytes drops."""
-    from benchmarks._liveness import peak_live_bytes
-
     params, fn = jaxtorch.extract(_wide(wide_weights, ckpt))
     x = jaxtorch.to_jax(_wide_x())
     grad = jax.grad(lambda p: fn(p, x))
@@ -320,14 +297,12 @@ def test_jax_first_grad_is_remat(wide_weights, ckpt):
 def test_jit_backward_inside_keeps_only_region_inputs(wide_weights, reentrant):
     """`loss.backward()` inside jaxtorch.jit: torch's autograd drives the backward through one
     node per region; the program's in-order peak drops and the gradients equal CPU torch's."""
-    from benchmarks._liveness import peak_live_bytes
-
     peaks, grads = [], []
     for ckpt in (None, reentrant):
         net = _wide(wide_weights, ckpt).to("jax")
         x = _wide_x().to("jax").requires_grad_(reentrant)  # (reentrant: an input must require grad)
         record: list = []
-        with _programs(record):
+        with programs_recorded(record):
 
             @jaxtorch.jit
             def step(net, x):
@@ -637,3 +612,76 @@ def test_selective_checkpointing_and_checkpoint_sequential(where):
         step(m, x.to("jax"))
     for (n, p), q in zip(cpu.named_parameters(), m.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, msg=n)
+
+
+def _jit_backward(fn, *args):
+    """Run `fn(*args)` (a scalar loss) and its backward inside one jaxtorch.jit program."""
+
+    @jaxtorch.jit
+    def step(*args):
+        loss = fn(*args)
+        loss.backward()
+        return loss.detach()
+
+    return step(*args)
+
+
+def _arg_in_place(lin, x, seen):
+    h = lin(x)
+    out = checkpoint(lambda h: h.mul_(3) + 1, h, use_reentrant=False)
+    return h.sum() + out.square().sum()  # (h was tripled by the region)
+
+
+def _shared_results(lin, x, seen):
+    a, b = checkpoint(lambda h: (lambda y: (y, y))(lin(h)), x, use_reentrant=False)
+    a.mul_(2)  # (b is a: it sees the write)
+    return b.square().sum()
+
+
+def _tensor_hook(lin, x, seen):
+    def region(h):
+        y = lin(h)
+        y.register_hook(lambda g: seen.append(g.sum()))
+        return y.tanh()
+
+    return checkpoint(region, x, use_reentrant=False).square().sum()
+
+
+def _module_hook(lin, x, seen):
+    handle = lin.register_full_backward_hook(lambda m, gi, go: seen.append(go[0].sum()))
+    try:
+        return checkpoint(lambda h: lin(h).tanh(), x, use_reentrant=False).square().sum()
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("case", [_arg_in_place, _shared_results, _tensor_hook, _module_hook])
+def test_regions_torch_must_run_keep_eager_semantics(case):
+    """Regions a jax.checkpoint cannot express with eager torch's meaning go to torch's
+    checkpoint under a trace too: an argument written in place (the caller sees the write),
+    results sharing data (a write through one shows in the other), a hook registered on a
+    tensor inside or a module's backward hook (they fire). (`retain_grad()` inside a region also
+    goes to torch's checkpoint, which leaves `.grad` None for any tensor subclass, on the CPU too.)"""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(5))
+    seen_cpu: list = []
+    loss = case(lin, x, seen_cpu)
+    loss.backward()
+    net = copy.deepcopy(lin).to("jax")
+    seen: list = []
+
+    @jaxtorch.jit
+    def step(net, x):
+        loss = case(net, x, seen)
+        loss.backward()
+        return loss.detach(), [t.detach() for t in seen]
+
+    got, observed = step(net, x.to("jax"))
+    assert float(got.cpu()) == pytest.approx(float(loss.detach()), rel=1e-6)
+    for n, p in lin.named_parameters():
+        torch.testing.assert_close(dict(net.named_parameters())[n].grad.cpu(), p.grad, msg=n)
+    expected = seen_cpu
+    assert len(observed) == len(expected) == (0 if case in (_arg_in_place, _shared_results) else 1)
+    for o, e in zip(observed, expected):
+        torch.testing.assert_close(o.cpu(), e)

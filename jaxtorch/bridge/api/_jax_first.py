@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..core._errors import ModuleReleasedError
 from ..core._precision import matmul_precision
 from ..core._random import key_scope
 from ..dispatch._environment import default_env
@@ -247,11 +248,13 @@ class ModuleFunction:
         state: dict[str, jax.Array] | None,
         state_spec: Spec | None = None,
     ):
-        self.module = module
+        self._module: torch.nn.Module | None = module  # None once `release_module` ran: then weakly held
+        self._module_ref = weakref.ref(module)
         self.mutable = mutable
         self.training = modes[0][1]
         self.state = state
-        self._modes = modes
+        self._held_modes: tuple[tuple[torch.nn.Module, bool], ...] | None = modes
+        self._weak_modes = tuple((weakref.ref(m), flag) for m, flag in modes)
         self._kernels = kernels
         self._params_spec = spec_of(params)
         self._state_spec = spec_of(state) if state is not None else (state_spec or {})
@@ -261,9 +264,39 @@ class ModuleFunction:
         self._dtypes = {name: t.dtype for name, t in named_state(module).items()}
         scopes.name_modules(module)
 
+    @property
+    def module(self) -> torch.nn.Module:
+        """The torch module this function runs (`ModuleReleasedError` if it was released and freed)."""
+        module = self._module if self._module is not None else self._module_ref()
+        if module is None:
+            raise ModuleReleasedError(
+                "jaxtorch: the torch module this function runs was freed: `make_train_step` keeps it only weakly "
+                "after the first init() and the first traced step (so that `del model` frees its weights), and "
+                "running the forward again (a retrace for new input shapes or dtypes, init() without params=) "
+                "needs it. Keep a reference to the module (`model`) while the step may retrace, or pass "
+                "init(params=..., model_state=...)."
+            )
+        return module
+
+    @property
+    def _modes(self) -> tuple[tuple[torch.nn.Module, bool], ...]:
+        if self._held_modes is not None:
+            return self._held_modes
+        return tuple((m, flag) for ref, flag in self._weak_modes if (m := ref()) is not None)
+
+    def release_module(self) -> None:
+        """From now on hold the module (and its submodules) only by weak references: the function
+        keeps working while someone else keeps the module alive, and raises `ModuleReleasedError`
+        once it is freed. `make_train_step` calls this after tracing its step, so that the step
+        holds no reference to the module's weight memory."""
+        self._module = None
+        self._held_modes = None
+
     def __repr__(self) -> str:
+        module = self._module_ref()
+        name = type(module).__name__ if module is not None else "a freed module"
         return (
-            f"<jaxtorch function of {type(self.module).__name__}: {'train' if self.training else 'eval'} mode, "
+            f"<jaxtorch function of {name}: {'train' if self.training else 'eval'} mode, "
             f"{len(self._params_spec)} params, {len(self._state_spec)} state entries"
             f"{', mutable' if self.mutable else ''}>"
         )
@@ -295,9 +328,10 @@ class ModuleFunction:
         values = {name: _labelled(v, dtypes.get(name)) for name, v in from_kernels(params, self._kernels).items()}
         tstate = {name: _labelled(v, dtypes.get(name)) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
-        binding = bound(self.module, {**values, **tstate}, mutable=self.mutable)
+        module = self.module
+        binding = bound(module, {**values, **tstate}, mutable=self.mutable)
         with self._lock, scopes.module_scopes(), training_modes(self._modes), binding:
-            out = _run_torch(self.module, targs, tkwargs, rng, data=(targs, tkwargs))
+            out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))
         if not self.mutable:
             return out
         return out, {name: t.elem for name, t in tstate.items()}

@@ -272,6 +272,8 @@ def _raised(func: Any, args: Any, kwargs: dict, like: Callable) -> BaseException
         margs, mkwargs = tree_map(like, (tuple(args), dict(kwargs)))
     except Exception:  # noqa: BLE001 (an argument that cannot be mirrored: keep jaxtorch's error)
         return None
+    if str(mkwargs.get("device", "")).split(":")[0] == "jax":  # a factory: mirrored off the jax device
+        mkwargs["device"] = "meta" if like is _meta_like else "cpu"  # (else it would run jaxtorch's again)
     try:
         func(*margs, **mkwargs)
     except NotImplementedError:  # no kernel

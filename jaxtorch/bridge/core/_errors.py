@@ -149,6 +149,12 @@ class GeneratorUnderTraceError(JaxtorchError):
         )
 
 
+class ModuleReleasedError(JaxtorchError, ReferenceError):
+    """A function made from a torch module (`make_train_step`'s step and init) needs the module
+    again (to trace a new input shape, to read its current values) after the caller freed it;
+    such functions hold it only weakly once traced, so that `del model` frees its weights."""
+
+
 class StateWriteError(JaxtorchError):
     """A write jaxtorch cannot carry out, raised instead of losing it.
 

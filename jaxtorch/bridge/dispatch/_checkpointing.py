@@ -219,6 +219,7 @@ def install() -> None:
     function's `__dynamo_disable` attribute holds: `checkpoint` above goes there, so every
     reference to torch's function (Hugging Face imports it by name) reaches it.
     """
+    _remat.install()
     _tc._checkpoint_without_reentrant_generator = _generator
     _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
     wrapped = getattr(_tc.checkpoint, "__wrapped__", None)

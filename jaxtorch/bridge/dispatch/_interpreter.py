@@ -61,7 +61,7 @@ from ..tensor._tensor import (
 from . import _foreach as foreach
 from . import _result_dtype
 from . import _writes as writes
-from ._routing import Kind, Route, route
+from ._routing import Kind, Route, is_factory_sibling, route
 from ._routing import functional_sibling as _functional_sibling
 from ._routing import mutated_args as _mutated_args
 
@@ -113,6 +113,8 @@ def _to_jax_arg(x, func, raw: bool = False):
                 out.append(y._raw() if raw else y.elem)
             elif ty in _PLAIN:
                 out.append(y)
+            elif func in _CPU_INDICES and isinstance(y, torch.Tensor) and y.device.type == "cpu":
+                out.append(tensor_to_jax(y))  # `x[cpu_index]`: moved, as torch moves CPU indices to CUDA
             else:
                 out.append(_to_jax_arg(y, func, raw))
         return t(out)
@@ -129,6 +131,20 @@ def _to_jax_arg(x, func, raw: bool = False):
     if isinstance(x, torch.dtype):
         return to_jax_dtype(x)
     return x
+
+
+# ops whose index list (`Tensor?[] indices`) may hold CPU tensors for a tensor on another device, as in
+# torch (`cuda_x[cpu_index]`, `cuda_x[cpu_index] = 0`; `nn.init.sparse_` does this on any device)
+_CPU_INDICES = frozenset(
+    {
+        aten.index.Tensor,
+        aten.index_put.default,
+        aten.index_put_.default,
+        aten._index_put_impl_.default,
+        aten._unsafe_index.Tensor,
+        aten._unsafe_index_put.default,
+    }
+)
 
 
 def _unwrap_args(args, kwargs, func, pending: bool):
@@ -168,8 +184,7 @@ def _wrap_out(out, func=None, args=(), kwargs=None):
     dtype for `func(*args, **kwargs)` (int32 or int64, see `_result_dtype`)."""
     if func is not None and type(out) is not tuple and type(out) is not list:  # one array (the common case)
         if _is_array(out) and out.dtype in _AMBIGUOUS and _result_dtype.ambiguous(out.dtype):
-            (dtype,) = _result_dtype.label(func, args, kwargs or {}, [out])
-            return JaxTensor(out, dtype=dtype)
+            return JaxTensor(out, dtype=_result_dtype.label_one(func, args, kwargs or {}, out))
     elif func is not None and _has_ambiguous(out):
         arrays: list = []
         _arrays_of(out, arrays)
@@ -319,6 +334,32 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
 
+    def write_result(t, r) -> None:
+        if t is None:
+            return
+        if not isinstance(t, JaxTensor):
+            _cpu_write(func, t)
+            raise DeviceMismatchError(func, t.device)
+        value = r._raw() if type(r) is JaxTensor else r
+        if check_cast is not None:
+            check_cast(value, t)
+        if tuple(value.shape) != tuple(t.shape):
+            # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
+            rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
+            return
+        write(t, value)
+
+    if len(positions) == 1:  # (the common case: `add_`, `out=`; no lists built)
+        ((i0, name0, kw0),) = positions
+
+        def run_one(ex: Executor, args, kwargs):
+            result = compute(ex, args, kwargs)
+            t = kwargs.get(name0) if (kw0 or i0 >= len(args)) else args[i0]
+            write_result(t, result)
+            return t
+
+        return run_one
+
     def run(ex: Executor, args, kwargs):
         result = compute(ex, args, kwargs)
         targets = []
@@ -327,21 +368,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
             targets.append(t)
         results = result if isinstance(result, (list, tuple)) and len(targets) > 1 else (result,)
         for t, r in zip(targets, results):
-            if t is None:
-                continue
-            if not isinstance(t, JaxTensor):
-                _cpu_write(func, t)
-                raise DeviceMismatchError(func, t.device)
-            value = r._raw() if isinstance(r, JaxTensor) else r
-            if check_cast is not None:
-                check_cast(value, t)
-            if tuple(value.shape) != tuple(t.shape):
-                # squeeze_/unsqueeze_/t_/transpose_ change metadata; out= tensors are resized
-                rebind(t, r if isinstance(r, JaxTensor) else JaxTensor(value))
-                continue
-            write(t, value)
-        if len(targets) == 1:
-            return targets[0]
+            write_result(t, r)
         return tuple(targets)
 
     return run
@@ -389,6 +416,15 @@ def _sibling_compute(func, sibling, mutated) -> Callable:
         return inner
     names = {m[1] for m in mutated}
     n_pos = len([a for a in sibling._schema.arguments if not a.kwarg_only])
+    if is_factory_sibling(func, sibling):  # `arange.out` -> `arange.start_step`: the out tensor's dtype
+        ((i, out_name, kw_only),) = mutated
+
+        def make(ex: Executor, args, kwargs):
+            out = kwargs.get(out_name) if (kw_only or i >= len(args)) else args[i]
+            kw = {k: v for k, v in kwargs.items() if k not in names}
+            return inner(ex, args[:n_pos], {**kw, "dtype": out.dtype})
+
+        return make
 
     def compute(ex: Executor, args, kwargs):
         return inner(ex, args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
@@ -764,6 +800,58 @@ _backend_lib = torch.library.Library("aten", "IMPL")
 _backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
 _backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
 _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+
+
+def _is_lowered_factory(op) -> bool:
+    """Whether `op` is an ATen factory with a lowering: a `device` argument, no tensor argument,
+    nothing written (`torch.arange(3)`, `torch.eye(2)`, `torch.tril_indices(3, 3)`).
+
+    **Example:** `_is_lowered_factory(aten.arange.start_step)` is True; `aten.arange.out` is not.
+    """
+    schema = op._schema
+    return (
+        op.namespace == "aten"
+        and not schema.is_mutable
+        and any(a.name == "device" for a in schema.arguments)
+        and not any("Tensor" in str(a.type) for a in schema.arguments)
+        and registry.lookup(op) is not None
+    )
+
+
+def _factory_kernel(op) -> Callable:
+    """The `jax` backend kernel of the factory `op`: its lowering, through `dispatch`.
+
+    Without it, torch builds these factories for the device itself (`empty`, then the op's
+    `out=` overload), and several of those paths loop back into the factory (`arange.out`'s
+    reference calls `prims.iota`, whose ATen kernel calls `torch.arange`) or have no kernel at
+    all (`tril_indices`). With it, `torch.arange(3, device="jax")` runs as it does under
+    `enable_globally`: one op, torch's dtype.
+    """
+
+    def kernel(*args, **kwargs):
+        return _place(dispatch(op, args, kwargs), kwargs.get("device"))
+
+    kernel.__name__ = f"jax_{op.name().split('::')[1]}"
+    return kernel
+
+
+def _register_factory_kernels() -> list:
+    """Give each lowered factory without a `jax` backend kernel one (`_factory_kernel`)."""
+    done = []
+    for key in registry.registered_ops():
+        packet = isinstance(key, torch._ops.OpOverloadPacket)
+        overloads = [getattr(key, o) for o in key.overloads()] if packet else [key]
+        for op in overloads:
+            if not isinstance(op, torch._ops.OpOverload) or not _is_lowered_factory(op):
+                continue
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
+                continue  # (`empty`, `empty_strided`: the kernels above)
+            _backend_lib.impl(op.name().split("::")[1], _factory_kernel(op), "PrivateUse1")
+            done.append(op)
+    return done
+
+
+FACTORY_KERNELS = _register_factory_kernels()
 
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`

@@ -45,7 +45,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils import _pytree as pytree
 
 from ..core import _lazy, _random, _tracing
-from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, write, write_checks
+from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, was_written, write, write_checks
 
 FALLBACK = object()  # what `checkpoint` returns when torch's own checkpoint must run instead
 _TENSOR = object()  # marks where a tensor goes among a region's output leaves
@@ -106,7 +106,8 @@ class _Writes:
 def _grad_inputs(outs: list, inner: list, start: int) -> list[JaxTensor] | None:
     """The leaf tensors from outside the region that its outputs' autograd graph reaches (the
     region's own input leaves `inner` excluded); None when the graph leaves the region through
-    a node made before it (`start`, a sequence number): a non-leaf tensor from outside."""
+    a node made before it (`start`, a sequence number: a non-leaf tensor from outside), or
+    holds a module's backward hook (torch's backward must run the region's own graph)."""
     inner_ids = {id(x) for x in inner}
     found: dict[int, JaxTensor] = {}
     seen: set[int] = set()
@@ -121,10 +122,34 @@ def _grad_inputs(outs: list, inner: list, start: int) -> list[JaxTensor] | None:
             if id(var) not in inner_ids:
                 found[id(var)] = var
             continue
-        if node._sequence_nr() < start:
+        if node._sequence_nr() < start or node.name().startswith("BackwardHookFunction"):
             return None
         stack.extend(n for n, _ in node.next_functions)
     return list(found.values())
+
+
+# ---- autograd hooks registered inside a region ----------------------------------------------
+_hooks = threading.local()  # `.regions`: one flag per region being traced in this thread
+
+
+def _noting(method: Callable) -> Callable:
+    def noted(self, *args, **kwargs):
+        regions = getattr(_hooks, "regions", None)
+        if regions:
+            regions[-1] = True
+        return method(self, *args, **kwargs)
+
+    noted.__name__, noted.__doc__, noted.__wrapped__ = method.__name__, method.__doc__, method  # type: ignore[attr-defined]
+    return noted
+
+
+def install() -> None:
+    """Note `register_hook`/`retain_grad` calls made while a region is traced: a hook on a
+    tensor inside a region needs torch's backward through the region's own graph (idempotent)."""
+    for name in ("register_hook", "retain_grad"):
+        method = getattr(torch.Tensor, name)
+        if not hasattr(method, "__wrapped__"):
+            setattr(torch.Tensor, name, _noting(method))
 
 
 # ---- the traced region ------------------------------------------------------------------------
@@ -140,8 +165,8 @@ class _Region:
     out_dtypes: list[torch.dtype]
     out_shapes: list  # `jax.ShapeDtypeStruct` of each output tensor
     written: list[tuple[JaxTensor, Any]]  # the roots from outside it that the region writes, with the data they had
-    grad_inputs: list[JaxTensor] | None  # None: reaches a non-leaf tensor from outside
-    aliases: bool  # a result is (a view of) an argument or another tensor from outside
+    grad_inputs: list[JaxTensor]
+    torchs_way: str | None  # why torch's checkpoint must run the region instead (None: it need not)
 
     def __call__(self, arrays: list, key, consts: list):
         flat = jax.tree_util.tree_leaves((arrays, key))
@@ -158,41 +183,64 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
 
     def region(arrays, key):
         trace = _jax_core.trace_ctx.trace
+        start = torch._C._autograd._get_sequence_nr()  # (autograd nodes made from here on are the region's)
         inner = [labelled(a, t.dtype) for a, t in zip(arrays, inputs)]
-        for x, t in zip(inner, inputs):
+        given = list(inner)  # what the function gets: a non-leaf argument requiring grad stays one
+        for j, (x, t) in enumerate(zip(inner, inputs)):
             if grad_on and t.requires_grad:
                 x.requires_grad_(True)
+                if not t.is_leaf:
+                    given[j] = x.clone()
         leaves = list(flat)
-        for i, x in zip(at, inner):
+        for i, x in zip(at, given):
             leaves[i] = x
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        start = torch._C._autograd._get_sequence_nr()
         writes = _Writes(trace)
         write_checks.append(writes)
+        regions = _hooks.__dict__.setdefault("regions", [])
+        regions.append(False)
         try:
             with _random.key_scope(key) as cell:
                 out = function(*args, **kwargs)
         finally:
             write_checks.remove(writes)
             written = writes.take()
+            hooked = regions.pop()
         out_leaves, info["out_spec"] = pytree.tree_flatten(out)
         tensors = [o for o in out_leaves if isinstance(o, torch.Tensor)]
         if any(not isinstance(o, JaxTensor) for o in tensors):
             raise TypeError("jaxtorch: a checkpointed function returned a tensor not on the jax device.")
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in out_leaves]
-        # a result that is (a view of) an argument or a tensor from outside aliases it: torch's way
-        mine = {id(x) for x in inner}
-        info["aliases"] = any(id(root(o)) in mine or not writes.made_here(root_data(o)) for o in tensors)
         info["out_dtypes"] = [o.dtype for o in tensors]
         info["written"] = [(r, old) for r, old, _ in written]
         info["grad_inputs"] = _grad_inputs(tensors, inner, start) if grad_on else []
+        info["torchs_way"] = _torchs_way(tensors, inner + given, writes, hooked and grad_on, info["grad_inputs"])
         return [o._raw() for o in tensors], (cell[0] if cell is not None else None), [v for _, _, v in written]
 
     closed, shapes = jax.make_jaxpr(region, return_shape=True)([t._raw() for t in inputs], key)
     return _Region(
         closed.jaxpr, list(closed.consts), jax.tree_util.tree_structure(shapes), info["out_spec"],
-        info["out_leaves"], info["out_dtypes"], shapes[0], info["written"], info["grad_inputs"], info["aliases"],
+        info["out_leaves"], info["out_dtypes"], shapes[0], info["written"], info["grad_inputs"] or [],
+        info["torchs_way"],
     )  # fmt: skip
+
+
+def _torchs_way(tensors: list, inner: list, writes: _Writes, hooked: bool, grad_inputs) -> str | None:
+    """Why the traced region cannot be a `jax.checkpoint` with eager torch's semantics (None: it
+    can). `inner`: the region's argument tensors (and the non-leaf copies the function got)."""
+    mine = {id(x) for x in inner}
+    roots = [id(root(o)) for o in tensors]
+    if any(r in mine for r in roots) or not all(writes.made_here(root_data(o)) for o in tensors):
+        return "a result is (a view of) an argument or a tensor from outside"
+    if len(set(roots)) != len(roots):
+        return "two results share data"
+    if any(was_written(x) for x in inner):
+        return "an argument is written in place"
+    if hooked:
+        return "a tensor inside has an autograd hook or retains its grad"
+    if grad_inputs is None:
+        return "the autograd graph reaches a non-leaf tensor from outside, or a module's backward hook"
+    return None
 
 
 def _float(dtype: torch.dtype) -> bool:
@@ -270,7 +318,7 @@ def checkpoint(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool
     cell = stack[-1] if stack and stack[-1][0] is not None else None
     key = None if cell is None else cell[0]
     region = _trace(function, flat, spec, at, key, grad_on)
-    if region.grad_inputs is None or region.aliases:
+    if region.torchs_way is not None:
         return FALLBACK
     if reentrant and region.grad_inputs and not any(t.requires_grad for t in inputs):
         return FALLBACK  # torch's reentrant checkpoint: no input requires grad, so the region gives no gradients

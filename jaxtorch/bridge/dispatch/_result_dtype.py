@@ -146,6 +146,46 @@ def _narrow_asked(args, kwargs) -> bool:
     return False
 
 
+_ONE: dict = {}  # (func, JAX result dtype, argument signature) -> the torch dtype: `label_one`'s cache
+_SCALAR_TYPES = (int, float, bool)
+
+
+def _flat_key(func, jax_dtype, args) -> tuple | None:
+    """A cheap cache key for the common call: positional `JaxTensor`s and Python numbers only
+    (what decides torch's result dtype: each tensor's dtype and whether it is 0-dim, each
+    number's type); None for anything else (lists, other tensors, dtype arguments)."""
+    key: list = [func, jax_dtype]
+    for a in args:
+        t = type(a)
+        if t is JaxTensor:
+            key.append(a.dtype)
+            key.append(a.dim() == 0)
+        elif t in _SCALAR_TYPES:
+            key.append(t)
+        else:
+            return None
+    return tuple(key)
+
+
+def label_one(func, args, kwargs, out) -> torch.dtype | None:
+    """`label(func, args, kwargs, [out])[0]` for a single, ambiguous output, remembered per op and
+    argument signature when the call has only tensors and numbers (one dict lookup after the first).
+
+    **Example:** `label_one(aten.add.Tensor, (a_int32, b_int32), {}, out)` is `torch.int32`.
+    """
+    if not _narrow_asked(args, kwargs):  # int64/uint64 inputs (or none): the wide dtype, no meta run
+        return _WIDE[out.dtype]
+    key = None if kwargs else _flat_key(func, out.dtype, args)
+    if key is not None:
+        hit = _ONE.get(key)
+        if hit is not None:
+            return hit
+    dtype = label(func, args, kwargs, [out])[0]
+    if key is not None and dtype is not None:
+        _ONE[key] = dtype
+    return dtype
+
+
 def label(func, args, kwargs, outs: list) -> list[torch.dtype | None]:
     """The torch dtype of each JAX output in `outs` (None: the array's own), resolving the
     ambiguous ones (see the module docstring); a single output is known to be ambiguous."""

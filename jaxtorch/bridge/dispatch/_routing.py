@@ -226,7 +226,11 @@ def mutated_args(op) -> list[tuple[int, str, bool]]:
 
 
 def functional_sibling(op):
-    """`aten.add_.Tensor` -> `aten.add.Tensor`; `aten.add.out` -> `aten.add.Tensor` (None if none)."""
+    """`aten.add_.Tensor` -> `aten.add.Tensor`; `aten.add.out` -> `aten.add.Tensor` (None if none).
+
+    A factory's `out=` overload maps to the factory (`arange.start_out` -> `arange.start_step`),
+    whose extra tensor options the out tensor fixes.
+    """
     schema = op._schema
     mutated = {m[1] for m in mutated_args(op)}
     name = schema.name.split("::")[1]
@@ -244,15 +248,45 @@ def functional_sibling(op):
             if [a.name for a in cand._schema.arguments] == names:
                 return cand
         return None
-    wanted = [a.name for a in schema.arguments if a.name not in mutated]
+    kept = [a for a in schema.arguments if a.name not in mutated]
+    wanted = [a.name for a in kept]
+    types = [str(a.type) for a in kept]
     packet = op.overloadpacket
+    by_name = factory = None
     for ov in packet.overloads():
         cand = getattr(packet, ov)
         if cand is op or mutated_args(cand):
             continue
-        if [a.name for a in cand._schema.arguments] == wanted:
-            return cand
-    return None
+        args = cand._schema.arguments
+        names = [a.name for a in args]
+        same_types = [str(a.type) for a in args[: len(types)]] == types
+        if names == wanted:
+            if same_types:
+                return cand
+            by_name = by_name or cand
+        elif _factory_of(names, wanted) and (factory is None or same_types):
+            factory = cand  # (`linspace.out` -> `linspace.default`, not `linspace.Tensor_Tensor`)
+    return by_name or factory
+
+
+FACTORY_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _factory_of(names: list[str], wanted: list[str]) -> bool:
+    """Whether a factory overload with arguments `names` is the functional form of an `out=`
+    overload with arguments `wanted` (out dropped): the same arguments, then only the tensor
+    options the out tensor fixes (`arange.start_out` -> `arange.start_step`)."""
+    return names[: len(wanted)] == wanted and "dtype" in names and set(names[len(wanted) :]) <= FACTORY_OPTIONS
+
+
+def is_factory_sibling(op, sibling) -> bool:
+    """Whether `sibling` is the factory form of the `out=` overload `op` (it takes a `dtype`
+    that the out tensor gives; see `functional_sibling`).
+
+    **Example:** `is_factory_sibling(aten.arange.start_out, aten.arange.start_step)` is True.
+    """
+    names = {a.name for a in op._schema.arguments}
+    return any(a.name == "dtype" for a in sibling._schema.arguments) and "dtype" not in names
 
 
 def decomposition(op) -> Callable | None:

@@ -53,16 +53,6 @@ _active = [0]  # threads inside a `read_only` scope (the check is installed whil
 
 
 # ---- 1. plain torch tensors -------------------------------------------------------------------
-def _targets(func, args, kwargs) -> Iterator[Any]:
-    """The values `func` writes: each mutated argument (list elements for foreach ops)."""
-    for i, name, kw_only in route(func).mutated:
-        t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
-        if isinstance(t, (list, tuple)):
-            yield from t
-        else:
-            yield t
-
-
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage()._cdata
@@ -131,11 +121,21 @@ def refuse_torch_state_writes(func, args, kwargs) -> None:
 
     **Example:** `refuse_torch_state_writes(aten.add_.Tensor, (cpu_t, 1), {})` raises.
     """
-    if not route(func).mutated:
+    mutated = _MUTATED.get(func)
+    if mutated is None:
+        mutated = _MUTATED[func] = route(func).mutated
+    if not mutated:  # (most ops: one dict lookup)
         return
-    for t in _targets(func, args, kwargs):
-        if is_torch_state(t):
-            refuse_torch_state_write(func, t)
+    for i, name, kw_only in mutated:
+        t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+        if type(t) is JaxTensor:  # (the common write: a jax tensor, never torch state)
+            continue
+        for u in t if isinstance(t, (list, tuple)) else (t,):
+            if is_torch_state(u):
+                refuse_torch_state_write(func, u)
+
+
+_MUTATED: dict = {}  # op -> the arguments it writes (`route(op).mutated`: a schema fact, never stale)
 
 
 def refuse_torch_state_write(func, t: torch.Tensor) -> None:

@@ -285,7 +285,10 @@ def labelled(elem, dtype: torch.dtype) -> JaxTensor:
 
     Example: `labelled(jnp.zeros(2, jnp.int32), torch.int64).dtype` is `torch.int64` without x64.
     """
-    if _TORCH_DTYPE.get(elem.dtype) is dtype:  # (the common case: the array's own dtype)
+    own = _TORCH_DTYPE.get(elem.dtype)
+    if own is None:  # not seen yet (as in `JaxTensor.__new__`)
+        own = _TORCH_DTYPE[elem.dtype] = to_torch_dtype(elem.dtype)
+    if own is dtype:  # (the common case: the array's own dtype)
         return JaxTensor(elem, dtype=dtype)
     try:
         jd = to_jax_dtype(dtype)
@@ -366,11 +369,12 @@ def write(t: JaxTensor, value) -> None:
     """
     if write_checks:
         _check_write(t)
-    dtype, shape = to_jax_dtype(t.dtype), tuple(t.shape)
     if type(value) is not _Lazy and not isinstance(value, jax.Array):
         value = jnp.asarray(value)
-    if value.dtype != dtype or value.shape != shape:
-        value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
+    if _TORCH_DTYPE.get(value.dtype) is not t.dtype or value.shape != t.shape:  # (else: nothing to fit)
+        dtype, shape = to_jax_dtype(t.dtype), tuple(t.shape)
+        if value.dtype != dtype or value.shape != shape:
+            value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
     root = t._jt_base
     if root is None:
         t._jt_elem = value
