@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
-from ..bridge.core._dtypes import to_jax_dtype
+from ..bridge.core._dtypes import check_int_range, narrowed_range, to_jax_dtype
 from ..bridge.state._binding import aliases, named_state, split_state
 from ..bridge.state._meta import computed_buffers, non_persistent_names
 from ..bridge.tensor._convert import tensor_to_jax
@@ -172,6 +174,7 @@ def _aligned_empty(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.nd
 
 def _converted(host: np.ndarray, target: np.dtype) -> np.ndarray:
     """`host` in `target` dtype, in an aligned buffer (see `_aligned_empty`)."""
+    host = np.asarray(host)  # (indexing a 0-d array with `()` gives a NumPy scalar)
     if host.dtype == target and host.ctypes.data % 64 == 0:
         return host
     out = _aligned_empty(host.shape, target)
@@ -239,35 +242,87 @@ def _pread(entry: _SafetensorsEntry, bounds: list[tuple[int, int]]) -> np.ndarra
 
 
 def _safetensors_entries(path: Path) -> dict[str, Entry]:
+    size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise CheckpointError(f"load_params: {path} is not a safetensors file (too short)")
         (n,) = struct.unpack("<Q", head)
+        if n > size - 8:  # (a corrupted length would otherwise ask for terabytes)
+            raise CheckpointError(
+                f"load_params: {path} is not a safetensors file or is truncated (its header claims {n} bytes, "
+                f"the file has {size})"
+            )
         try:
             header = json.loads(f.read(n))
         except ValueError as e:
             raise CheckpointError(f"load_params: {path} is not a safetensors file (bad header)") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"load_params: {path} is not a safetensors file (its header is not a JSON object)")
     base = 8 + n
     entries: dict[str, Entry] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(
-                f"load_params: {path}: {name} has dtype {info['dtype']}, which load_params cannot read"
-            )
-        entries[name] = _SafetensorsEntry(
-            str(path), base + int(info["data_offsets"][0]), tuple(info["shape"]), _SAFETENSORS_DTYPES[info["dtype"]]
-        )
+        entries[name] = _checked_entry(path, name, info, base, size)
+    _check_covered(path, entries, base, size)
     return entries
+
+
+def _check_covered(path: Path, entries: dict[str, Entry], base: int, size: int) -> None:
+    """Raise unless the tensors' bytes tile the data section exactly, one after another (as the
+    safetensors library requires: a gap or trailing bytes mean a damaged or spliced file)."""
+    end = base
+    for name, e in sorted(entries.items(), key=lambda kv: kv[1].start):  # type: ignore[union-attr]
+        assert isinstance(e, _SafetensorsEntry)
+        if e.start != end:
+            raise CheckpointError(
+                f"load_params: {path} is corrupted: {name!r} starts at byte {e.start - base} of the data, "
+                f"where the tensor before it ends at {end - base} (the safetensors library refuses it too)"
+            )
+        end = e.start + int(np.prod(e.shape, dtype=np.int64)) * e.dtype.itemsize
+    if end != size:
+        raise CheckpointError(
+            f"load_params: {path} is corrupted or was appended to: its tensors end at byte {end} and the "
+            f"file at {size} (the safetensors library refuses it too)"
+        )
+
+
+def _checked_entry(path: Path, name: str, info: Any, base: int, size: int) -> _SafetensorsEntry:
+    """The entry of one header item, after checking it as the safetensors library does: a
+    known dtype, and data offsets that span exactly `shape` x the dtype's size inside the file
+    (a corrupted header must raise, never read a neighbour's bytes)."""
+    try:
+        dtype_name, shape, (start, stop) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+        start, stop = int(start), int(stop)
+    except (TypeError, KeyError, ValueError) as e:
+        raise CheckpointError(
+            f"load_params: {path} is corrupted: the header entry of {name!r} lacks a dtype, shape or "
+            f"data_offsets ({info!r})"
+        ) from e
+    if dtype_name not in _SAFETENSORS_DTYPES:
+        raise CheckpointError(f"load_params: {path}: {name} has dtype {dtype_name}, which load_params cannot read")
+    dtype = _SAFETENSORS_DTYPES[dtype_name]
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if min((start, *shape), default=0) < 0 or stop - start != nbytes or base + stop > size:
+        raise CheckpointError(
+            f"load_params: {path} is corrupted or truncated: {name!r} ({dtype_name}, shape {list(shape)}: "
+            f"{nbytes} bytes) has data_offsets [{start}, {stop}] in a data section of {size - base} bytes"
+        )
+    return _SafetensorsEntry(str(path), base + start, shape, dtype)
 
 
 def _torch_entries(path: Path) -> dict[str, Entry]:
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # legacy (non-zip) format cannot be memory-mapped
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (torch raises KeyError, UnpicklingError, EOFError, ...)
+            raise CheckpointError(
+                f"load_params: {path} is not a torch checkpoint that `torch.load(weights_only=True)` can read "
+                f"({type(e).__name__}: {e}); it may be corrupted or truncated"
+            ) from e
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(
             f"load_params: {path} is not a flat state dict (name -> tensor); pass the state dict's file "
@@ -278,6 +333,36 @@ def _torch_entries(path: Path) -> dict[str, Entry]:
     return {k: _TorchEntry(v.detach(), tuple(v.shape), np.dtype(_TORCH_TO_NP[v.dtype])) for k, v in sd.items()}
 
 
+def _sharded_entries(directory: Path, index_name: str) -> dict[str, Entry]:
+    """The entries of a sharded checkpoint: each name read from the shard its index's
+    `weight_map` names; a name held by several shards and not settled by the index raises."""
+    try:
+        weight_map = json.loads((directory / index_name).read_text())["weight_map"]
+        if not all(isinstance(f, str) for f in weight_map.values()):
+            raise TypeError("a shard file name is not a string")
+        files = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"load_params: {directory / index_name} is not a Hugging Face index (a JSON object whose "
+            f"'weight_map' maps each name to its shard file): {type(e).__name__}: {e}"
+        ) from e
+    out: dict[str, Entry] = {}
+    twice: set[str] = set()
+    for f in files:
+        for key, entry in checkpoint_entries(directory / f).items():
+            if weight_map.get(key, f) != f:
+                continue  # the index puts `key` in another shard
+            if key in out:
+                twice.add(key)
+            out[key] = entry
+    if twice:
+        raise CheckpointError(
+            f"load_params: {directory}: {sorted(twice)} are in several shards and the index names none of "
+            f"them: which copy is meant is ambiguous; add them to {index_name}'s weight_map or remove the copies"
+        )
+    return out
+
+
 def checkpoint_entries(path: str | os.PathLike) -> dict[str, Entry]:
     """Every tensor of a checkpoint (file or Hugging Face directory) by its name in the file;
     reads headers only (safetensors) or memory-maps (torch)."""
@@ -285,11 +370,7 @@ def checkpoint_entries(path: str | os.PathLike) -> dict[str, Entry]:
     if p.is_dir():
         for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
             if (p / index_name).exists():
-                files = sorted(set(json.loads((p / index_name).read_text())["weight_map"].values()))
-                out: dict[str, Entry] = {}
-                for f in files:
-                    out.update(checkpoint_entries(p / f))
-                return out
+                return _sharded_entries(p, index_name)
         for single in ("model.safetensors", "pytorch_model.bin"):
             if (p / single).exists():
                 return checkpoint_entries(p / single)
@@ -336,12 +417,51 @@ def _hf_renamer(model: torch.nn.Module, model_names: Mapping[str, Any]) -> Calla
     return rename
 
 
+def _ignored_unexpected(model: torch.nn.Module, key: str) -> bool:
+    """Whether `from_pretrained` ignores the file key `key` that `model` lacks: the patterns of
+    `_keys_to_ignore_on_load_unexpected`, and old checkpoints' `rotary_emb.inv_freq` and
+    `position_ids` (now non-persistent buffers, computed) when the model has such buffers.
+    Never for other modules (their `load_state_dict` reports every unexpected key)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers absent
+        return False
+    if not isinstance(model, PreTrainedModel):
+        return False
+    patterns: set[str] = set()
+    for sub in model.modules():
+        if isinstance(sub, PreTrainedModel):
+            patterns.update(sub._keys_to_ignore_on_load_unexpected or ())
+    buffers = [n for n, _ in model.named_buffers()]
+    if any(b.endswith("rotary_emb.inv_freq") for b in buffers):
+        patterns.add(r"rotary_emb\.inv_freq")
+    if any(b.endswith("position_ids") for b in buffers):
+        patterns.add(r"(^|\.)position_ids$")
+    return any(re.search(p, key) for p in patterns)
+
+
 def _all_names(module: torch.nn.Module) -> dict[str, str]:
     """Every name `state_dict` would give (tied aliases included) -> the `named_state` name."""
     return {**{n: n for n in named_state(module)}, **aliases(module)}
 
 
 # ---- placement ---------------------------------------------------------------------------
+def _check_placement(shardings: ShardingsLike, mesh: Mesh | None, rules: Rules, tensors: Mapping[str, Any]) -> None:
+    """Refuse placements that would be ignored silently: `shardings` with `mesh`/`rules`, rules
+    without a mesh, and a `shardings` dict naming what the model lacks (a typo would leave it unsharded)."""
+    if shardings is not None and (mesh is not None or rules):
+        raise ValueError("load_params: give either `shardings=` or `mesh=` with `rules=`, not both")
+    if rules and mesh is None:
+        raise ValueError("load_params: `rules=` place arrays on a mesh: pass `mesh=` too")
+    if isinstance(shardings, Mapping):
+        unknown = sorted(set(shardings) - set(tensors))
+        if unknown:
+            raise ValueError(
+                f"load_params: shardings names {unknown}, which the model does not have; its names are "
+                f"those of `extract` (e.g. {sorted(tensors)[:4]})"
+            )
+
+
 def _resolve_sharding(
     shardings: ShardingsLike, mesh: Mesh | None, rules: Rules, name: str, struct_: jax.ShapeDtypeStruct
 ) -> Sharding:
@@ -363,17 +483,24 @@ def _resolve_sharding(
 
 
 def _build(
-    shape: tuple[int, ...], read: Callable[[Index], np.ndarray], target: np.dtype, sharding: Sharding
+    shape: tuple[int, ...],
+    read: Callable[[Index], np.ndarray],
+    target: np.dtype,
+    sharding: Sharding,
+    check: Callable[[np.ndarray], None] | None = None,
 ) -> jax.Array:
     """The global array of one tensor: each distinct slice this process's devices hold is
-    read once (`read(index)`), converted, and handed to JAX (replicas of it reuse it)."""
+    read once (`read(index)`), checked (`check`), converted, and handed to JAX (replicas of it reuse it)."""
     cache: dict[tuple, np.ndarray] = {}
 
     def slice_for(index: Any) -> np.ndarray:
         key = tuple(_bounds(index, shape))
         host = cache.get(key)
         if host is None:
-            host = cache[key] = _converted(read(index), target)
+            raw = read(index)
+            if check is not None:
+                check(raw)
+            host = cache[key] = _converted(raw, target)
         return host
 
     # drop the slices once every local device has its copy
@@ -383,10 +510,56 @@ def _build(
         cache.clear()
 
 
+def _check_same_values(path: str, a: Entry, b: Entry, key_a: str, key_b: str) -> None:
+    """Raise unless the file's tensors `key_a` and `key_b` (two names of one tied model tensor)
+    hold the same values: `load_state_dict` would keep the last one it copies, `from_pretrained`
+    the tie's source, so differing copies have no one meaning. Compared in blocks of rows."""
+    same = a.shape == b.shape and a.dtype == b.dtype
+    rows = a.shape[0] if a.shape else 1
+    step = max(1, (1 << 24) // max(1, int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize))
+    for start in range(0, rows, step) if same else ():
+        index = (slice(start, min(rows, start + step)),) if a.shape else ()
+        if a.read(index).tobytes() != b.read(index).tobytes():
+            same = False
+            break
+    if not same:
+        raise CheckpointError(
+            f"load_params({path!r}): the file holds {key_a!r} and {key_b!r}, which are one tied tensor in "
+            "the model, with different values: which one is meant is ambiguous (`load_state_dict` keeps the "
+            "last it copies, `from_pretrained` the tie's source). Remove one of them from the file, or untie "
+            "the weights in the model."
+        )
+
+
+def _range_check(name: str, dtype: torch.dtype) -> Callable[[np.ndarray], None] | None:
+    """For a model tensor whose torch dtype JAX holds narrower (int64 as int32 with x64 off): a
+    check that raises `Int64Error` for a slice whose values would wrap (torch would hold them)."""
+    if narrowed_range(dtype) is None:
+        return None
+
+    def check(host: np.ndarray) -> None:
+        if host.size:
+            check_int_range(host.min(), host.max(), dtype, f"load_params: {name}")
+
+    return check
+
+
+def _requested_dtype(dtype: Any) -> np.dtype:
+    """`dtype=` as a NumPy dtype (a torch dtype, a JAX/NumPy dtype or its name); only floating
+    or complex dtypes, as `nn.Module.to(dtype)` accepts."""
+    out = np.dtype(to_jax_dtype(dtype)) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+    if not (jnp.issubdtype(out, jnp.floating) or jnp.issubdtype(out, jnp.complexfloating)):
+        raise TypeError(
+            f"load_params: dtype={dtype!r} is not a floating point or complex dtype; it converts the floating "
+            "arrays (like `nn.Module.to(dtype)`): e.g. `dtype=jnp.bfloat16` or `dtype=torch.bfloat16`"
+        )
+    return out
+
+
 def _target_dtype(t: torch.Tensor, dtype: Any) -> np.dtype:
     model_dtype = np.dtype(to_jax_dtype(t.dtype))
     if dtype is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
-        return np.dtype(dtype)
+        return _requested_dtype(dtype)
     return model_dtype
 
 
@@ -432,6 +605,7 @@ def load_params(
     entries = checkpoint_entries(path)
     params_t, state_t = split_state(model)
     tensors = {**params_t, **state_t}
+    _check_placement(shardings, mesh, rules, tensors)
     skip = non_persistent_names(model)
     wanted = {n for n in tensors if n not in skip}
     names = _all_names(model)
@@ -444,6 +618,9 @@ def load_params(
             unexpected.append(key)
         elif name not in found:
             found[name] = key
+        else:  # a tied tensor under two of its names: fine when both hold the same values
+            _check_same_values(str(path), entries[found[name]], entries[key], found[name], key)
+    unexpected = [k for k in unexpected if not _ignored_unexpected(model, k)]
     missing = sorted(wanted - set(found))
     mismatched = {
         n: (entries[k].shape, tuple(tensors[n].shape))
@@ -460,7 +637,8 @@ def load_params(
     for name, key in found.items():
         target = _target_dtype(tensors[name], dtype)
         struct_ = jax.ShapeDtypeStruct(entries[key].shape, target)
-        arrays[name] = _build(entries[key].shape, entries[key].read, target, _resolve(name, struct_))
+        check = _range_check(name, tensors[name].dtype)
+        arrays[name] = _build(entries[key].shape, entries[key].read, target, _resolve(name, struct_), check)
     for name, t in computed_buffers(model, [n for n in tensors if n in skip]).items():
         target = _target_dtype(t, dtype)
         struct_ = jax.ShapeDtypeStruct(tuple(t.shape), target)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from . import cases_compiled, cases_dtypes, cases_errors, cases_random, cases_services, cases_state  # noqa: F401
+from . import (  # noqa: F401
+    cases_compiled,
+    cases_dtypes,
+    cases_errors,
+    cases_io,
+    cases_random,
+    cases_services,
+    cases_state,
+)
 from .harness import CASES, load_expected
 
 EXPECTED = load_expected()

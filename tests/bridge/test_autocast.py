@@ -115,13 +115,16 @@ def test_op_dtype_and_value_match_cpu_autocast(name, fn, make, dtype):
 
 
 def test_policy_covers_exactly_the_ops_torch_autocasts_on_cpu():
-    """Every op with a CPU autocast kernel in this torch has a policy here, and no other."""
+    """Every op with a CPU autocast kernel in this torch has a policy here, and no other but the
+    recurrent ops jaxtorch runs whole (CPU torch casts them through their decomposition)."""
     names = torch._C._dispatch_get_all_op_names()
     cpu = {n for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "AutocastCPU")}
+    recurrent = {f"aten::{n}" for n in _autocast.RECURRENT_LOWER + _autocast.RECURRENT_LSTM}
+    assert not recurrent & cpu
     ours = set(_autocast.policy_of())
-    assert ours == cpu, (sorted(cpu - ours), sorted(ours - cpu))
+    assert ours == cpu | recurrent, (sorted(cpu - ours), sorted(ours - cpu - recurrent))
     jax = {n for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "AutocastPrivateUse1")}
-    assert jax == cpu
+    assert jax == cpu | recurrent
 
 
 def test_supported_dtypes_and_bad_dtype_warns_and_disables():

@@ -135,11 +135,15 @@ def test_storage_queries_are_honest():
     assert isinstance(c, JaxTensor) and torch.equal(c.cpu(), a.cpu()) and c.data_ptr() != a.data_ptr()
 
 
-def test_deepcopy_of_module_keeps_grads_and_is_independent():
-    m = torch.nn.Linear(2, 2).to("jax")
-    m(torch.ones(1, 2, device="jax")).sum().backward()
-    m2 = copy.deepcopy(m)
-    assert torch.equal(m2.weight.grad.cpu(), m.weight.grad.cpu())
+def test_deepcopy_of_module_is_independent_with_parameters_as_cpu_torch():
+    cpu = torch.nn.Linear(2, 2)
+    m = copy.deepcopy(cpu).to("jax")
+    for module, x in ((cpu, torch.ones(1, 2)), (m, torch.ones(1, 2, device="jax"))):
+        module(x).sum().backward()
+    cpu2, m2 = copy.deepcopy(cpu), copy.deepcopy(m)
+    # `Parameter.__deepcopy__`: a new Parameter, same requires_grad, no grad (torch's rule)
+    assert isinstance(m2.weight, torch.nn.Parameter) and m2.weight.requires_grad
+    assert (m2.weight.grad is None) == (cpu2.weight.grad is None)
     with torch.no_grad():
         m2.weight.add_(1)
     assert not torch.equal(m2.weight.cpu(), m.weight.cpu())

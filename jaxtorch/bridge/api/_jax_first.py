@@ -34,7 +34,7 @@ from ..state._binding import (
     training_modes,
 )
 from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
-from ..state._meta import with_computed_buffers
+from ..state._meta import check_no_placeholders, with_computed_buffers
 from ..tensor._convert import jax_view, module_tensor_to_jax, tensor_to_jax, torch_view, tree_map
 from ..tensor._tensor import JaxTensor, labelled
 
@@ -321,6 +321,8 @@ class ModuleFunction:
             check_tree(
                 state, self._state_spec, what="state=", other=self._params_spec, other_what="params", tied=self._tied
             )
+        check_no_placeholders(params, "params")  # (a meta-device model's, before its weights are loaded)
+        check_no_placeholders(state, "state")
         params, state = jax_inputs((params, state), "the function from jaxtorch.extract")
         dtypes = self._dtypes  # (int64 tensors are held as int32 without x64: keep their torch dtype)
         values = {name: _labelled(v, dtypes.get(name)) for name, v in from_kernels(params, self._kernels).items()}

@@ -165,6 +165,20 @@ FP32: tuple[str, ...] = (
 
 PROMOTE: tuple[str, ...] = ("stack", "cat", "index_copy")
 
+# Recurrent ops, which jaxtorch runs whole (`ops/rnn.py`) where CPU torch decomposes them into
+# ops of the lists above (`mkldnn_rnn_layer`, `linear`): those casts decide their results'
+# dtypes on the CPU (torch 2.13): RNN layers and cells and unprojected LSTM layers give the
+# autocast dtype; GRU, LSTM cells and packed LSTMs give float32 (as they do here unchanged).
+RECURRENT_LOWER: tuple[str, ...] = (
+    "rnn_tanh.input",
+    "rnn_tanh.data",
+    "rnn_relu.input",
+    "rnn_relu.data",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+)
+RECURRENT_LSTM: tuple[str, ...] = ("lstm.input",)  # lower, but a projected LSTM's cell state stays float32
+
 
 def _eligible(x) -> bool:
     """A tensor autocast casts: floating point, not float64, on the jax device."""
@@ -195,6 +209,11 @@ def promote_type(tree, lower: torch.dtype) -> torch.dtype:
     return current
 
 
+def _projected(hx) -> bool:
+    """Whether `lstm`'s `(h0, c0)` belong to a projected LSTM (`proj_size`: h smaller than c)."""
+    return len(hx) == 2 and hx[0].shape[-1] != hx[1].shape[-1]
+
+
 def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable:
     """The `AutocastPrivateUse1` kernel of `op`: cast as `policy` says, run `op` below autocast."""
     exclude = torch._C.DispatchKeySet(_KEY)
@@ -202,14 +221,17 @@ def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable:
     def kernel(*args, **kwargs):
         lower = torch.get_autocast_dtype(DEVICE_TYPE)
         with torch._C._ExcludeDispatchKeyGuard(exclude):
-            if policy == "lower":
+            if policy in ("lower", "lstm"):
                 target = lower
             elif policy == "fp32":
                 target = torch.float32
             else:
                 target = promote_type((args, kwargs), lower)
-            args, kwargs = _cast_all((args, kwargs), target)
-            return op(*args, **kwargs)
+            cast_args, cast_kwargs = _cast_all((args, kwargs), target)
+            out = op(*cast_args, **cast_kwargs)
+        if policy == "lstm" and _projected(args[1]):  # (output, h, c): CPU torch keeps c in float32
+            out = (*out[:2], _cast_all(out[2], torch.float32))
+        return out
 
     return kernel
 
@@ -221,14 +243,21 @@ def _overload(name: str) -> torch._ops.OpOverload | None:
 
 
 def policy_of() -> dict[str, str]:
-    """`{"aten::name.overload": "lower" | "fp32" | "promote"}` for every op autocast changes."""
+    """`{"aten::name.overload": "lower" | "fp32" | "promote" | "lstm"}` for every op autocast changes."""
     table = {}
-    for names, policy in ((LOWER_PRECISION_FP, "lower"), (FP32, "fp32"), (PROMOTE, "promote")):
+    for names, policy in _POLICIES:
         for n in names:
             table[f"aten::{n}"] = policy
     return table
 
 
+_POLICIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (LOWER_PRECISION_FP, "lower"),
+    (FP32, "fp32"),
+    (PROMOTE, "promote"),
+    (RECURRENT_LOWER, "lower"),
+    (RECURRENT_LSTM, "lstm"),
+)
 _lib: torch.library.Library | None = None
 
 
@@ -238,7 +267,7 @@ def install() -> None:
     if _lib is not None:
         return
     lib = torch.library.Library("aten", "IMPL")
-    for names, policy in ((LOWER_PRECISION_FP, "lower"), (FP32, "fp32"), (PROMOTE, "promote")):
+    for names, policy in _POLICIES:
         for n in names:
             op = _overload(n)
             if op is not None:

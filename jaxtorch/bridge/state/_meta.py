@@ -24,11 +24,14 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+import jax
 import torch
 
 from ..core._errors import JaxtorchError
+from ._binding import ParamsError
 
 
 class MetaBufferError(JaxtorchError):
@@ -60,12 +63,41 @@ def _init_hook(root: torch.nn.Module):
 
 def _recompute(root: torch.nn.Module, owner: torch.nn.Module, fill: int = 0) -> torch.nn.Module:
     """A CPU copy of `owner` whose buffers were computed by its own initialization code; before
-    it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows)."""
-    clone = copy.deepcopy(owner).to_empty(device="cpu")
-    for b in clone.buffers(recurse=False):
-        b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
-    hook = _init_hook(root)
+    it runs, floating buffers hold NaN and the others `fill` (so a buffer it leaves alone shows).
+
+    The copy first gets only its buffers on the CPU (its parameters stay on the meta device,
+    where initializing them costs nothing: an embedding owning a scalar buffer, as Gemma's
+    `embed_scale`, is not materialized); only code that needs parameter values (it fails on
+    the meta device, or leaves the buffer there) runs again on a fully materialized copy."""
+    try:
+        clone = _initialized(root, _materialized(owner, buffers_only=True), fill)
+        if not any(is_meta(b) or (b.is_floating_point() and bool(b.isnan().any())) for b in clone.buffers(False)):
+            return clone
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        pass  # (initialization code that reads parameters: run it on real ones)
+    return _initialized(root, _materialized(owner, buffers_only=False), fill)
+
+
+def _materialized(owner: torch.nn.Module, *, buffers_only: bool) -> torch.nn.Module:
+    """A copy of `owner` with uninitialized CPU memory for its buffers (and parameters)."""
+    clone = copy.deepcopy(owner)
+    if not buffers_only:
+        return clone.to_empty(device="cpu")
+    for m in clone.modules():
+        for name, b in m._buffers.items():
+            if b is not None and is_meta(b):
+                m._buffers[name] = torch.empty_like(b, device="cpu")
+    return clone
+
+
+def _initialized(root: torch.nn.Module, clone: torch.nn.Module, fill: int) -> torch.nn.Module:
+    """`clone` after its NaN/`fill` marking and its initialization code (see `_recompute`)."""
     with torch.no_grad():
+        for b in clone.buffers(recurse=False):
+            b.fill_(float("nan") if b.dtype.is_floating_point or b.dtype.is_complex else fill)
+    hook = _init_hook(root)
+    # (the initialization code draws random weights: the caller's random stream must not move)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         if hook is not None:
             for m in clone.modules():
                 for flag in ("_is_hf_initialized",):
@@ -105,11 +137,28 @@ def computed_buffers(module: torch.nn.Module, names: Iterable[str]) -> dict[str,
                 f"jaxtorch: the buffer {name!r} is on the meta device and not saved in checkpoints "
                 f"(non-persistent), and neither a Hugging Face `_init_weights` nor "
                 f"`{type(module.get_submodule(prefix)).__name__}.reset_parameters()` computes it. Build that "
-                "submodule outside `torch.device('meta')` (its buffers then have values), or give its value "
-                "yourself in `state=`."
+                "submodule outside `torch.device('meta')` (its buffers then have values), or give the buffer "
+                f"its value before extracting: `model.get_submodule({prefix!r}).register_buffer({leaf!r}, value, "
+                "persistent=False)`."
             )
         out[name] = value
     return out
+
+
+def check_no_placeholders(tree: Mapping[str, Any], what: str) -> None:
+    """Raise `ParamsError` for an entry of `tree` that is a `jax.ShapeDtypeStruct`: the
+    placeholder `extract` gives for a tensor on the meta device, which has no value to run with.
+
+    Example: `check_no_placeholders(extract(meta_model)[0], "params")` raises.
+    """
+    for name, value in tree.items():
+        if isinstance(value, jax.ShapeDtypeStruct):
+            raise ParamsError(
+                f"jaxtorch: {what}[{name!r}] is a jax.ShapeDtypeStruct, the placeholder of a tensor on the meta "
+                "device (it has no data to run with). Load the weights first: "
+                "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
+                "(`jax.eval_shape(fn, params, x)` accepts the placeholders)."
+            )
 
 
 def with_computed_buffers(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,4 +168,11 @@ def with_computed_buffers(module: torch.nn.Module, tensors: dict[str, torch.Tens
     return {**tensors, **computed_buffers(module, todo)} if todo else tensors
 
 
-__all__ = ["MetaBufferError", "computed_buffers", "with_computed_buffers", "is_meta", "non_persistent_names"]
+__all__ = [
+    "MetaBufferError",
+    "check_no_placeholders",
+    "computed_buffers",
+    "with_computed_buffers",
+    "is_meta",
+    "non_persistent_names",
+]

@@ -85,8 +85,16 @@ class JaxDeviceModule:
 
     @staticmethod
     def set_rng_state(state: torch.Tensor, device=None) -> None:
+        """Restore a state from `get_rng_state`; anything else raises, as torch's CPU generator does."""
         from ..core import _random
 
+        size = _random.get_state().numel()
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != size:
+            got = f"{state.dtype} tensor of {state.numel()} elements" if isinstance(state, torch.Tensor) else state
+            raise RuntimeError(
+                f"torch.jax.set_rng_state: expected the uint8 tensor of {size} bytes that "
+                f"`torch.jax.get_rng_state()` gives, got {got!s:.80} (a state of another device or generator?)"
+            )
         _random.set_state(state)
 
 

@@ -45,6 +45,10 @@ class JaxGenerator(_TorchGenerator):
         """`jax:0`: ops on the jax device take it."""
         return JAX_DEVICE
 
+    def clone_state(self) -> JaxGenerator:
+        """A new jax generator in this one's state (torch's gives one of the same device)."""
+        return _new_jax_generator(self.get_state())
+
     def __reduce__(self):
         return (_new_jax_generator, (self.get_state(),))
 
@@ -65,10 +69,14 @@ class _GeneratorType(_GeneratorMeta):
     """`isinstance(g, torch.Generator)` for every torch generator, as before the replacement."""
 
     def __instancecheck__(cls, obj) -> bool:
-        return isinstance(obj, _TorchGenerator)
+        if cls is Generator:
+            return isinstance(obj, _TorchGenerator)
+        return type.__instancecheck__(cls, obj)  # (a user's subclass: its own instances only)
 
     def __subclasscheck__(cls, sub) -> bool:
-        return issubclass(sub, _TorchGenerator)
+        if cls is Generator:
+            return issubclass(sub, _TorchGenerator)
+        return type.__subclasscheck__(cls, sub)
 
 
 class Generator(_TorchGenerator, metaclass=_GeneratorType):
@@ -76,6 +84,8 @@ class Generator(_TorchGenerator, metaclass=_GeneratorType):
 
     @staticmethod
     def __new__(cls, device=None):
+        if cls is not Generator:  # `class MyGen(torch.Generator)`: an instance of it, as before
+            return _TorchGenerator.__new__(cls, "cpu" if is_jax_device(device) else (device or "cpu"))
         if is_jax_device(device):
             return JaxGenerator()
         return _TorchGenerator() if device is None else _TorchGenerator(device)

@@ -25,30 +25,38 @@ Example:
 from __future__ import annotations
 
 import collections
+import copy
 import mmap
+import sys
 import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..core._dtypes import to_jax_dtype
+from ..core._dtypes import _TORCH_TO_NP, check_int_range, narrowed_range, to_jax_dtype
 
 _TOKENS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # root tensor -> (nbytes, mmap, storage)
 
 
 def reduce(t: torch.Tensor, protocol: int) -> tuple:
     """`t.__reduce_ex__(protocol)`: the reduction of its CPU copy (torch's `_rebuild_tensor_v2`;
-    a parameter, `_rebuild_parameter` around it, as torch saves `nn.Parameter`s).
+    a parameter, `_rebuild_parameter` around it, as torch saves `nn.Parameter`s), with the
+    Python attributes set on `t` (torch's `_rebuild_*_with_state`; jaxtorch's own fields left out).
 
     Example: `pickle.loads(pickle.dumps(jax_t))` is a CPU tensor equal to `jax_t.cpu()`.
     """
     with torch.no_grad():
         cpu = t.detach().to("cpu")
+    state = {k: v for k, v in vars(t).items() if not k.startswith("_jt_") and k != "_is_param"}
     if getattr(t, "_is_param", False):  # `nn.Parameter(jax_tensor)` keeps the jax tensor's class
+        if state:
+            return (
+                torch._utils._rebuild_parameter_with_state,
+                (cpu, t.requires_grad, collections.OrderedDict(), state),
+            )
         return (torch._utils._rebuild_parameter, (cpu, t.requires_grad, collections.OrderedDict()))
     args: tuple = (
         cpu._typed_storage(),
@@ -58,6 +66,8 @@ def reduce(t: torch.Tensor, protocol: int) -> tuple:
         t.requires_grad,
         collections.OrderedDict(),
     )
+    if state:
+        return (torch._tensor._rebuild_from_type_v2, (torch._utils._rebuild_tensor_v2, torch.Tensor, args, state))
     return (torch._utils._rebuild_tensor_v2, args)
 
 
@@ -82,15 +92,35 @@ def data_ptr(t: torch.Tensor, root: torch.Tensor) -> int:
 
 
 def deepcopy(t: Any, memo: dict) -> Any:
-    """`copy.deepcopy(t)`: a clone (a new root), `requires_grad` kept, memoized."""
+    """`copy.deepcopy(t)`, as torch does it: a parameter gives a new `nn.Parameter` (a clone,
+    same `requires_grad`; no grad, no attributes: `Parameter.__deepcopy__`); a tensor, a clone
+    with its `requires_grad`, grad and attributes deep-copied, and only for a graph leaf
+    (torch's error otherwise). Memoized: tied tensors stay tied.
+
+    Example: `copy.deepcopy(model)` of a model on the jax device has tied, independent parameters.
+    """
     if id(t) in memo:
         return memo[id(t)]
+    if getattr(t, "_is_param", False):
+        with torch.no_grad():
+            param = torch.nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
+        memo[id(t)] = param
+        return param
+    if not t.is_leaf:
+        raise RuntimeError(
+            "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the "
+            "moment.  If you were attempting to deepcopy a module, this may be because of a "
+            "torch.nn.utils.weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001"
+        )
     with torch.no_grad():
         new = t.clone()
     if t.requires_grad:
         new.requires_grad_(True)
     if t.grad is not None:
-        new.grad = deepcopy(t.grad, memo)
+        new.grad = copy.deepcopy(t.grad, memo)
+    for k, v in vars(t).items():
+        if not k.startswith("_jt_"):
+            setattr(new, k, copy.deepcopy(v, memo))
     memo[id(t)] = new
     return new
 
@@ -111,6 +141,15 @@ def _jax_deserialize(obj, location: str):
     """Restore a storage loaded from the file for `map_location="jax"` (or "jax:N")."""
     if not location.startswith("jax") or _HOLDER_TYPE is None:
         return None
+    if getattr(obj, "_torch_load_uninitialized", False):
+        # torch's legacy (non-zip) format reads the bytes into the restored storage afterwards,
+        # which a jax storage cannot take (it would write past an empty storage: a crash)
+        raise RuntimeError(
+            "jaxtorch: torch.load(..., map_location='jax') cannot read a file in torch's legacy format "
+            "(saved with `_use_new_zipfile_serialization=False` or by torch < 1.6). Load it to the CPU and "
+            "move it: `sd = torch.load(f, map_location='cpu')`, then `model.load_state_dict(sd)` or "
+            "`{k: v.to('jax') for k, v in sd.items()}` (or re-save it with `torch.save`)."
+        )
     cpu = obj if obj.device.type == "cpu" else obj.cpu()
     # an empty storage on the jax device (a wrapper's own, with no bytes): torch reads its device
     holder: torch.Tensor = torch.Tensor._make_wrapper_subclass(
@@ -133,15 +172,37 @@ def pending_bytes(source) -> torch.UntypedStorage | None:
 
 
 def loaded_array(cpu_bytes: torch.UntypedStorage, dtype: torch.dtype, offset: int, size, stride) -> jax.Array:
-    """The jax array of the tensor `(dtype, offset, size, stride)` over the loaded bytes."""
+    """The jax array of the tensor `(dtype, offset, size, stride)` over the loaded bytes.
+
+    The bytes are read in the dtype the file holds (`_file_dtype`), and never narrowed
+    silently: float64 without JAX's 64-bit mode raises `Float64Error`, int64 values outside
+    the int32 range `Int64Error`, as `.to("jax")` of the same CPU tensor does."""
+    dtype = _file_dtype(dtype)
     host = torch.empty((0,), dtype=dtype).set_(cpu_bytes, offset, size, stride).contiguous()
     jax_dtype = to_jax_dtype(dtype)
     if dtype in _NUMPY_DTYPES:
         values = host.numpy()
-    else:  # (bfloat16, float8s: NumPy has no such dtype; their bits are the same in ml_dtypes)
+    else:  # (bfloat16, float8s, uint16-64: their bits, read as the same NumPy/ml_dtypes type)
         bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[host.element_size()]
-        values = host.view(bits).numpy().view(np.dtype(jax_dtype))
+        values = host.view(bits).numpy().view(_TORCH_TO_NP[dtype])
+    if values.size and narrowed_range(dtype) is not None:
+        check_int_range(values.min(), values.max(), dtype, "torch.load(..., map_location='jax')")
     return jnp.asarray(values, dtype=jax_dtype)
+
+
+def _file_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the storage torch is rebuilding a tensor from (`torch._utils._rebuild_tensor`'s
+    `storage.dtype`): `dtype` unless the jax placeholder torch made for it was narrowed (a
+    zero-element float64 placeholder is float32 without 64-bit mode), whose bytes are still float64."""
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        if frame.f_code is torch._utils._rebuild_tensor.__code__:
+            storage = frame.f_locals.get("storage")
+            return getattr(storage, "dtype", dtype)
+        frame = frame.f_back  # type: ignore[assignment]
+    return dtype
 
 
 _NUMPY_DTYPES = frozenset(
