@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..bridge.core._random import next_key
 from .registry import keep_whole, register, vjp_node
@@ -442,4 +443,5 @@ def pack_padded_sequence(input, lengths, batch_first):
     sizes = (lens[None, :] > np.arange(int(lens[0]))[:, None]).sum(1)
     _, mask = _packed_layout(sizes)
     data = _repack(x[: len(sizes)], mask)
-    return data, torch.from_numpy(sizes.astype(np.int64))
+    with _disable_current_modes(), torch._C.DisableTorchFunction():  # a CPU tensor whatever modes are on
+        return data, torch.from_numpy(sizes.astype(np.int64))

@@ -304,3 +304,17 @@ def test_fused_gru_cell_and_backward():
     ghy = torch.randn(B, H)
     ref = torch.ops.aten._thnn_differentiable_gru_cell_backward(ghy, ig, hg, hx, bi, bh)
     _close(rnn.thnn_fused_gru_cell_backward(_j(ghy), ws, True), ref, TOL)
+
+
+def test_packed_batch_sizes_stay_on_the_cpu_with_the_modes_on():
+    """`batch_sizes` is host metadata torch requires on the CPU, also when the lowering runs with
+    jaxtorch's modes active (`jax_by_default` would make its `torch.from_numpy` a jax tensor; a
+    CI run's test order once did this)."""
+    with jaxtorch.default_env(jax_by_default=True):
+        x = torch.randn(5, 4, 4, device="jax")
+        packed = pack_padded_sequence(x, torch.tensor([5, 4, 3, 1]))
+        from jaxtorch.ops.rnn import pack_padded_sequence as lowering
+
+        _, sizes = lowering(np.ones((5, 4, 4), np.float32), torch.tensor([5, 4, 3, 1]), False)
+    assert packed.batch_sizes.device.type == "cpu" and sizes.device.type == "cpu"
+    assert packed.batch_sizes.tolist() == [4, 3, 3, 2, 1]
