@@ -93,22 +93,3 @@ def programs_recorded(record: list):
         yield
     finally:
         jax.jit = original
-
-
-def mlp_reference(layers: int = 4, rows: int = 1024, dim: int = 256) -> tuple[int, int]:
-    """Peak live bytes of `jax.grad` of an MLP stack without and with `jax.checkpoint` per block."""
-
-    def block(p, x):
-        return x + jax.nn.gelu(x @ p[0]) @ p[1]
-
-    def loss(ps, x, remat):
-        f = jax.checkpoint(block) if remat else block
-        for p in ps:
-            x = f(p, x)
-        return (x**2).mean()
-
-    ps = [(jax.ShapeDtypeStruct((dim, 4 * dim), "float32"), jax.ShapeDtypeStruct((4 * dim, dim), "float32"))] * layers
-    x = jax.ShapeDtypeStruct((rows, dim), "float32")
-    return tuple(  # type: ignore[return-value]
-        peak_live_bytes(jax.make_jaxpr(jax.grad(lambda ps, x, r=r: loss(ps, x, r)))(ps, x)) for r in (False, True)
-    )

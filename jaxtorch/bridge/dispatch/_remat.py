@@ -168,6 +168,13 @@ class _Region:
     grad_inputs: list[JaxTensor]
     torchs_way: str | None  # why torch's checkpoint must run the region instead (None: it need not)
 
+    def __post_init__(self) -> None:
+        self._const_at = {id(c): i for i, c in enumerate(self.consts)}
+
+    def const_at(self, value) -> int:
+        """The position of `value` (the very object) among the region's constants; -1 if absent."""
+        return self._const_at.get(id(value), -1)
+
     def __call__(self, arrays: list, key, consts: list):
         flat = jax.tree_util.tree_leaves((arrays, key))
         out = jax.core.eval_jaxpr(self.jaxpr, consts, *flat)
@@ -257,8 +264,7 @@ def _vjp(region: _Region, arrays: list, key, arg_diff: list[int], const_diff: li
     pytorch/pytorch#96136), with the forward's random numbers.
     """
     float_out = [j for j, d in enumerate(region.out_dtypes) if _float(d)]
-    index = {id(c): i for i, c in enumerate(region.consts)}
-    reread = [(r, index[id(old)]) for r, old in region.written if id(old) in index]
+    reread = [(r, region.const_at(old)) for r, old in region.written if region.const_at(old) >= 0]
 
     def f(d_args: list, d_consts: list, state: list) -> tuple[list, list]:
         a, c = list(arrays), list(region.consts)
@@ -322,8 +328,7 @@ def checkpoint(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool
         return FALLBACK
     if reentrant and region.grad_inputs and not any(t.requires_grad for t in inputs):
         return FALLBACK  # torch's reentrant checkpoint: no input requires grad, so the region gives no gradients
-    index = {id(c): i for i, c in enumerate(region.consts)}
-    const_diff = [index.get(id(t._raw()), -1) for t in region.grad_inputs]
+    const_diff = [region.const_at(t._raw()) for t in region.grad_inputs]
     if -1 in const_diff:
         return FALLBACK  # a tensor the graph reaches is not a value the region read: torch's way
     arrays = [t._raw() for t in inputs]
