@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..core._autodiff import stop_gradient
 from ..core._errors import ModuleReleasedError
 from ..core._precision import matmul_precision
 from ..core._random import key_scope
@@ -326,7 +327,8 @@ class ModuleFunction:
         params, state = jax_inputs((params, state), "the function from jaxtorch.extract")
         dtypes = self._dtypes  # (int64 tensors are held as int32 without x64: keep their torch dtype)
         values = {name: _labelled(v, dtypes.get(name)) for name, v in from_kernels(params, self._kernels).items()}
-        tstate = {name: _labelled(v, dtypes.get(name)) for name, v in state.items()}
+        # state is what torch never differentiates (buffers, frozen parameters): not JAX either
+        tstate = {name: _labelled(stop_gradient(v), dtypes.get(name)) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
         module = self.module
         binding = bound(module, {**values, **tstate}, mutable=self.mutable)

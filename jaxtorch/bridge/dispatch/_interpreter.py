@@ -49,6 +49,8 @@ from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._device import is_jax_device, jax_device_of
 from ..tensor._tensor import (
     JaxTensor,
+    detach_result,
+    detached_view,
     labelled,
     make_view,
     rebind,
@@ -572,16 +574,39 @@ def dispatch(func, args, kwargs):
     try:
         if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
             with tracing.adopted():
-                return r(_executor(), args, kwargs)
+                out = r(_executor(), args, kwargs)
+                if not _grad_enabled() and not _trace_clean():
+                    _outside_graph(out, args)
+                return out
         if _LAZY_ON[0] and _trace_clean() and not _CHECKS[0]:  # (checked mode runs ops eagerly)
             with lazy.STATE_LOCK:  # the pending graph and tensors' views are shared by all threads
                 return r(LAZY, args, kwargs)
-        return r(EAGER, args, kwargs)
+        out = r(EAGER, args, kwargs)
+        if not _grad_enabled() and not _trace_clean():  # no_grad under a JAX trace: JAX must not differentiate
+            _outside_graph(out, args)
+        return out
     except (TypeError, ValueError, IndexError) as e:  # a shape error: torch's own message
         torch_error = meta_error(func, args, kwargs, e)
         if torch_error is None:
             raise
         raise torch_error from e
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def _outside_graph(out, args) -> None:
+    """The new results of an op run where torch records no graph (`no_grad`, `inference_mode`,
+    `set_grad_enabled(False)`) under a JAX trace: JAX does not differentiate them either
+    (`core._autodiff`). Results that are arguments (in-place, `out=`) were written as torch writes
+    them: values changed, derivative kept (`_tensor.write`)."""
+    if type(out) is JaxTensor:
+        if not any(out is a for a in args):
+            detach_result(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            if type(o) is JaxTensor and not any(o is a for a in args):
+                detach_result(o)
 
 
 # ---- ops the bridge itself owns: device moves, scalars, aliasing --------------------------
@@ -675,13 +700,21 @@ def _alias_runner(ex, args, kwargs):
     return make_view(x, x._raw(), None)
 
 
+def _detach_runner(ex, args, kwargs):
+    """`x.detach()`, `x.data`: an alias that JAX does not differentiate through (`_tensor.detached_view`)."""
+    x = args[0]
+    if isinstance(x._raw(), _Tracer):
+        return detached_view(x)
+    return make_view(x, x._raw(), None)
+
+
 _SPECIAL: dict[Any, Callable] = {  # keyed by exactly `_routing.SPECIAL_OPS`
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: lambda ex, a, k: _to_copy(ex, a, {}),
-    aten.detach.default: _alias_runner,
+    aten.detach.default: _detach_runner,
     aten.resize_.default: _resize_,
     aten.resize.default: lambda ex, a, k: labelled(_resized_any(a[0]._raw(), tuple(a[1])), a[0].dtype),
     aten.alias.default: _alias_runner,

@@ -30,11 +30,14 @@ import numpy as np
 import torch
 
 from ..core import _lazy
+from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
 from . import _serialization
 from ._device import JAX_DEVICE
 
 _Lazy = _lazy.LazyArray
+_Tracer = jax.core.Tracer
+_grad_enabled = torch.is_grad_enabled
 
 
 # Wrapper tensors own no memory; a large virtual storage size (never allocated) lets
@@ -74,6 +77,7 @@ class JaxTensor(torch.Tensor):
     _jt_base: JaxTensor | None = None
     _jt_view_fn: Callable | None = None
     _jt_version: int = 0
+    _jt_detached: bool = False  # a view torch's autograd does not see through (`.detach()`, `.data`, `no_grad`)
 
     @staticmethod
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
@@ -314,7 +318,44 @@ def make_view(base: JaxTensor, elem, view_fn: Callable | None) -> JaxTensor:
     t._jt_base = root
     t._jt_view_fn = fn if fn is not None else _identity
     t._jt_version = root._jt_version
+    if base._jt_detached:
+        t._jt_detached = True
     return t
+
+
+class _StopGradient:
+    """The view function of a detached alias under a JAX trace: the root's data, not differentiated."""
+
+    __slots__ = ()
+    key = ("detach",)
+
+    def __call__(self, a):
+        return stop_gradient(a)
+
+
+_STOP_GRADIENT = _StopGradient()
+
+
+def detached_view(base: JaxTensor) -> JaxTensor:
+    """`base.detach()`: an alias of `base`'s data that JAX does not differentiate through (under a
+    trace: `lax.stop_gradient`, replayed when the root changes); writes through it keep the root's
+    derivative (`core._autodiff.keep_tangent`), as torch does not record them."""
+    t = make_view(base, stop_gradient(base._raw()), _STOP_GRADIENT)
+    t._jt_detached = True
+    return t
+
+
+def detach_result(t: JaxTensor) -> None:
+    """Make the new result `t` of an op run outside torch's graph (`no_grad`) not differentiated by
+    JAX: a root's data is stopped; a view becomes a detached view of its root."""
+    base = t._jt_base
+    if base is None:
+        t._jt_elem = stop_gradient(t._jt_elem)
+        return
+    fn = t._jt_view_fn
+    t._jt_view_fn = _STOP_GRADIENT if fn is _identity or fn is None else _Compose(_STOP_GRADIENT, fn)
+    t._jt_elem = stop_gradient(t._jt_elem)
+    t._jt_detached = True
 
 
 def _identity(a):
@@ -377,6 +418,8 @@ def write(t: JaxTensor, value) -> None:
             value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
     root = t._jt_base
     if root is None:
+        if (t._jt_detached or not _grad_enabled()) and (isinstance(value, _Tracer) or isinstance(t._jt_elem, _Tracer)):
+            value = keep_tangent(value, t._jt_elem)  # a write torch does not record
         t._jt_elem = value
         t._jt_version += 1
         if type(value) is _Lazy:
@@ -387,6 +430,9 @@ def write(t: JaxTensor, value) -> None:
     fn = t._jt_view_fn
     assert fn is not None  # (a view always has its function)
     old = root._jt_elem
+    untracked = (t._jt_detached or not _grad_enabled()) and (isinstance(value, _Tracer) or isinstance(old, _Tracer))
+    if fn is _STOP_GRADIENT:
+        fn = _identity
     if fn is _identity and value.shape == old.shape:
         new_root = value
     else:
@@ -396,6 +442,8 @@ def write(t: JaxTensor, value) -> None:
             new_root = scatter_view(old, fn, value)
         else:
             new_root = _lazy.apply(("scatter_view", key), lambda r, v: scatter_view(r, fn, v), old, value)
+    if untracked:
+        new_root = keep_tangent(new_root, old)  # a write torch does not record: the root keeps its derivative
     root._jt_elem = new_root
     root._jt_version += 1
     t._jt_elem = value
@@ -418,7 +466,7 @@ def write_many(tensors, values) -> None:
         jd = jax_dtypes.get(t.dtype)
         if jd is None:
             jd = jax_dtypes[t.dtype] = to_jax_dtype(t.dtype)
-        if t._jt_base is None and v.dtype == jd and v.shape == t._jt_elem.shape:
+        if t._jt_base is None and v.dtype == jd and v.shape == t._jt_elem.shape and not isinstance(v, _Tracer):
             t._jt_elem = v
             t._jt_version += 1
             if type(v) is _Lazy:
