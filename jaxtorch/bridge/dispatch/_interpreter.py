@@ -889,4 +889,4 @@ FACTORY_KERNELS = _register_factory_kernels()
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
 
-from . import _autocast, _checkpointing  # noqa: E402, F401  (torch.autocast("jax") kernels; checkpoint hooks)
+from . import _autocast, _checkpointing, _custom_function  # noqa: E402, F401  (autocast kernels; checkpoint hooks; autograd.Function under JAX)
