@@ -47,6 +47,7 @@ import torch
 import torch.utils._pytree as pytree
 from jax.custom_derivatives import SymbolicZero
 
+from ..core._autodiff import stop_gradient
 from ..core._errors import JaxtorchError
 from ..tensor._tensor import JaxTensor, labelled, write
 
@@ -211,7 +212,7 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict):
         box["out_shapes"] = [tuple(outs[j].shape) for j in tensor_at]
         nondiff = {id(t) for t in ctx.non_differentiable}
         box["nondiff"] = [id(outs[j]) in nondiff for j in tensor_at]
-        box["dirty"] = [next((k for k, t in enumerate(fresh) if t is outs[j] and id(t) in dirty), None) for j in tensor_at]
+        box["dirty"] = [_position(fresh, outs[j], dirty) for j in tensor_at]
         box["materialize"] = ctx.materialize_grads
         arrays_out = tuple(outs[j].elem for j in tensor_at)
         return arrays_out, ctx
@@ -246,7 +247,7 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict):
             labelled(next(it), d) if d is not None else s for s, d in zip(box["saved_static"], box["saved_dtypes"])
         )
         grads_out: list = [None] * len(box["static_outs"])
-        for k, (j, ct, d, shape) in enumerate(zip(box["tensor_at"], cts, box["out_dtypes"], box["out_shapes"])):
+        for j, ct, d, shape in zip(box["tensor_at"], cts, box["out_dtypes"], box["out_shapes"]):
             if isinstance(ct, SymbolicZero) or ct.dtype == jax.dtypes.float0:
                 if not box["materialize"]:
                     continue
@@ -262,7 +263,7 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict):
                 f"(expected {len(args)}, got {len(grads)})"
             )
         result = []
-        for i, a, d in zip(at, in_arrays, in_dtypes):
+        for i, a in zip(at, in_arrays):
             g = grads[i]
             if g is None or not jnp.issubdtype(a.dtype, np.inexact):
                 result.append(None)
@@ -288,9 +289,19 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict):
             t = args[at[dirty]]
             write(t, a)
             outs[j] = t
+        elif box["nondiff"][k]:  # `mark_non_differentiable`: torch gives it no gradient, JAX neither
+            outs[j] = labelled(stop_gradient(a), d)
         else:
             outs[j] = labelled(a, d)
     return outs[0] if box["single"] else tuple(outs)
+
+
+def _position(fresh: list, out, dirty: set) -> int | None:
+    """Which input `out` is, when `forward` returned an input it marked dirty (else None)."""
+    for k, t in enumerate(fresh):
+        if t is out and id(t) in dirty:
+            return k
+    return None
 
 
 def _jax_dtype_of(d: torch.dtype):
