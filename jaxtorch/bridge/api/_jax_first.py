@@ -19,6 +19,7 @@ from ..core._errors import ModuleReleasedError
 from ..core._precision import matmul_precision
 from ..core._random import key_scope
 from ..dispatch._environment import default_env
+from ..dispatch._hooks import hook_parameter
 from ..state import _mesh_axes as explicit
 from ..state import _scopes as scopes
 from ..state._binding import (
@@ -327,10 +328,14 @@ class ModuleFunction:
         params, state = jax_inputs((params, state), "the function from jaxtorch.extract")
         dtypes = self._dtypes  # (int64 tensors are held as int32 without x64: keep their torch dtype)
         values = {name: _labelled(v, dtypes.get(name)) for name, v in from_kernels(params, self._kernels).items()}
+        module = self.module
+        hooked = {n: p for n, p in module.named_parameters() if p._backward_hooks or p._post_accumulate_grad_hooks}
+        for name, p in hooked.items():  # a parameter's own backward hooks see its cotangent (`dispatch._hooks`)
+            if name in values:
+                values[name] = hook_parameter(values[name], p)
         # state is what torch never differentiates (buffers, frozen parameters): not JAX either
         tstate = {name: _labelled(stop_gradient(v), dtypes.get(name)) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
-        module = self.module
         binding = bound(module, {**values, **tstate}, mutable=self.mutable)
         with self._lock, scopes.module_scopes(), training_modes(self._modes), binding:
             out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))

@@ -155,6 +155,15 @@ class ModuleReleasedError(JaxtorchError, ReferenceError):
     such functions hold it only weakly once traced, so that `del model` frees its weights."""
 
 
+class OnceDifferentiableError(JaxtorchError):
+    """A `torch.autograd.Function` whose backward is `@once_differentiable` was differentiated twice
+    under a JAX transformation (`jax.hessian`, grad of grad), which torch refuses too."""
+
+
+class HookUnderTraceError(JaxtorchError):
+    """A backward hook jaxtorch cannot honour under a JAX transformation (it names the hook and the way out)."""
+
+
 class StateWriteError(JaxtorchError):
     """A write jaxtorch cannot carry out, raised instead of losing it.
 

@@ -48,16 +48,12 @@ import torch.utils._pytree as pytree
 from jax.custom_derivatives import SymbolicZero
 
 from ..core._autodiff import stop_gradient
-from ..core._errors import JaxtorchError
+from ..core._errors import OnceDifferentiableError
 from ..tensor._tensor import JaxTensor, labelled, write
 
 _Tracer = jax.core.Tracer
 _Function = torch.autograd.Function
 _torch_apply = _Function.__dict__["apply"].__func__  # torch's own classmethod body
-
-
-class OnceDifferentiableError(JaxtorchError, RuntimeError):
-    """A `@once_differentiable` backward was differentiated (second order), which torch refuses too."""
 
 
 def _traced_untracked(args) -> bool:

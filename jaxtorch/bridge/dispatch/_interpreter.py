@@ -889,4 +889,5 @@ FACTORY_KERNELS = _register_factory_kernels()
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
 
-from . import _autocast, _checkpointing, _custom_function  # noqa: E402, F401  (autocast kernels; checkpoint hooks; autograd.Function under JAX)
+# torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations
+from . import _autocast, _checkpointing, _custom_function, _hooks  # noqa: E402, F401
