@@ -43,7 +43,9 @@ _Tracer = jax.core.Tracer
 
 
 def _traced_float(t) -> bool:
-    return isinstance(t, JaxTensor) and isinstance(t._raw(), _Tracer) and (t.dtype.is_floating_point or t.dtype.is_complex)
+    if not isinstance(t, JaxTensor) or not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return False
+    return isinstance(t._raw(), _Tracer)
 
 
 class _Node:
