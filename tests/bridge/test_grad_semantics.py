@@ -17,7 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 import jaxtorch
-from jaxtorch.bridge.core._errors import HookUnderTraceError, OnceDifferentiableError
+from jaxtorch import HookUnderTraceError, OnceDifferentiableError
 
 
 def _torch_grad(f, *xs):
@@ -427,3 +427,78 @@ def test_hooks_that_cannot_be_honoured_raise():
 
     with pytest.raises(HookUnderTraceError, match="view"):
         jax.grad(lambda a: jaxtorch.call_torch(on_view, a))(X)
+
+
+# ---- one model with all of it, every path ---------------------------------------------------
+class Everything(torch.nn.Module):
+    """A straight-through estimator, a no_grad statistic, a gradient reversal, a tensor hook and
+    module hooks in one forward."""
+
+    def __init__(self, log: list):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(4, 6)
+        self.act = torch.nn.Tanh()
+        self.b = torch.nn.Linear(6, 3)
+        self.act.register_full_backward_hook(lambda m, gi, go: (log.append("full"), (gi[0] * 0.5,))[1])
+        self.b.register_full_backward_pre_hook(lambda m, go: (log.append("pre"), None)[1])
+
+    def forward(self, x):
+        h = self.act(self.a(x))
+        h = h + (torch.round(h * 4) / 4 - h).detach()
+        with torch.no_grad():
+            scale = h.abs().mean() + 1
+        h = Reverse.apply(h, 0.5) * scale
+        h.register_hook(lambda g: g * 2)
+        return self.b(h)
+
+
+def _everything_loss(out, y):
+    return ((out - y) ** 2).mean()
+
+
+def _everything_paths():
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(4))
+    y = torch.randn(5, 3, generator=torch.Generator().manual_seed(5))
+    return x, y
+
+
+def _everything_reference():
+    x, y = _everything_paths()
+    log: list = []
+    ref = Everything(log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _everything_loss(ref(x), y).backward()
+    return {n: p.grad.numpy() for n, p in ref.named_parameters()}, log
+
+
+@pytest.mark.parametrize("path", ["eager-jax", "compile", "extract", "make_train_step"])
+def test_every_path_gives_torchs_gradients(path):
+    import optax
+
+    from jaxtorch.train import make_train_step
+
+    want, ref_log = _everything_reference()
+    x, y = _everything_paths()
+    log: list = []
+    model = Everything(log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if path in ("eager-jax", "compile"):
+            model = model.to("jax")
+            run = jaxtorch.compile(model) if path == "compile" else model
+            _everything_loss(run(x.to("jax")), y.to("jax")).backward()
+            got = {n: p.grad.cpu().numpy() for n, p in model.named_parameters()}
+        elif path == "extract":
+            params, fn = jaxtorch.extract(model)
+            got = jax.grad(lambda p: _everything_loss(fn(p, jnp.asarray(x.numpy())), jnp.asarray(y.numpy())))(params)
+        else:
+            init, step = make_train_step(model, _everything_loss, optax.sgd(1.0))
+            state = init()
+            before = {k: np.asarray(v) for k, v in state.params.items()}
+            state, _ = step(state, x, y)
+            got = {k: before[k] - np.asarray(state.params[k]) for k in before}
+    assert log == ref_log
+    for n in want:
+        np.testing.assert_allclose(np.asarray(got[n]), want[n], rtol=1e-5, atol=1e-6, err_msg=n)

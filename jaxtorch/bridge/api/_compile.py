@@ -88,6 +88,7 @@ import torch
 
 from ..core import _checks, _random
 from ..core import _pytrees as pytrees
+from ..core._autodiff import jax_differentiates
 from ..core._errors import StateWriteError
 from ..dispatch import _autocast
 from ..state._binding import Binding, named_state
@@ -402,7 +403,8 @@ def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> C
             full_dyn = list(dyn)
             for j, a in zip(slots, diff[1]):
                 full_dyn[j] = a
-            out, *rest = traced(full_state, full_dyn, rng)
+            with jax_differentiates():  # JAX's VJP, not torch's graph, gives this call's gradients
+                out, *rest = traced(full_state, full_dyn, rng)
             leaves, tree = jax.tree_util.tree_flatten(out)
             flags = aux.get(("grad_flags", key))
             if flags is None or len(flags) != len(leaves):  # (a structure the note cannot follow)

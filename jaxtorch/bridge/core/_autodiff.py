@@ -23,11 +23,34 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 _Tracer = jax.core.Tracer
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def jax_differentiates() -> Iterator[None]:
+    """Marks a trace that JAX differentiates while torch's autograd also records it (a
+    `jaxtorch.compile`d call's forward under `jax.vjp`, whose tensors require grad): torch's
+    graph is then bookkeeping (which results require grad), and the derivative is JAX's, so
+    custom `Function`s and hooks must reach JAX too (`dispatch._custom_function`, `dispatch._hooks`)."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def differentiated_by_jax() -> bool:
+    """Whether this thread is inside `jax_differentiates()`."""
+    return getattr(_local, "depth", 0) > 0
 
 
 def differentiable(a) -> bool:

@@ -47,9 +47,9 @@ import torch
 import torch.utils._pytree as pytree
 from jax.custom_derivatives import SymbolicZero
 
-from ..core._autodiff import stop_gradient
+from ..core._autodiff import differentiated_by_jax, stop_gradient
 from ..core._errors import OnceDifferentiableError
-from ..tensor._tensor import JaxTensor, labelled, write
+from ..tensor._tensor import JaxTensor, labelled, set_same_data, write
 
 _Tracer = jax.core.Tracer
 _Function = torch.autograd.Function
@@ -74,7 +74,26 @@ def _traced_untracked(args) -> bool:
 def _apply(cls, *args, **kwargs):
     if _traced_untracked(args) or (kwargs and _traced_untracked(tuple(kwargs.values()))):
         return _as_custom_vjp(cls, args, kwargs)
+    if differentiated_by_jax() and torch.is_grad_enabled() and _traced(args):
+        return _both(cls, args, kwargs)
     return _torch_apply(cls, *args, **kwargs)
+
+
+def _traced(args) -> bool:
+    return any(isinstance(a, JaxTensor) and isinstance(a._raw(), _Tracer) for a in args)
+
+
+def _both(cls, args: tuple, kwargs: dict):
+    """Inside a trace both torch's autograd and JAX differentiate (`core._autodiff.jax_differentiates`):
+    torch's `apply` makes the graph node (which results require grad), and its results take the
+    values of the `custom_vjp` (what JAX differentiates)."""
+    jax_outs = _as_custom_vjp(cls, args, kwargs, write_dirty=False)
+    outs = _torch_apply(cls, *args, **kwargs)
+    pairs = zip(outs, jax_outs) if isinstance(outs, tuple) else [(outs, jax_outs)]
+    for o, j in pairs:
+        if isinstance(o, JaxTensor) and isinstance(j, JaxTensor) and o.shape == j.shape:
+            set_same_data(o, j.elem)
+    return outs
 
 
 def install() -> None:
@@ -162,7 +181,7 @@ def _once_if_float(x):
     return _once(x)
 
 
-def _as_custom_vjp(cls, args: tuple, kwargs: dict):
+def _as_custom_vjp(cls, args: tuple, kwargs: dict, write_dirty: bool = True):
     setup = _is_setup_context_defined(cls)
     if setup:
         import inspect
@@ -182,8 +201,10 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict):
             targs[i] = t = labelled(a, d)
             fresh.append(t)
         needs = [False] * len(args)
-        for i, n in zip(at, needs_tensor):
+        for k, (i, n) in enumerate(zip(at, needs_tensor)):
             needs[i] = n
+            if (n or args[i].requires_grad) and (in_dtypes[k].is_floating_point or in_dtypes[k].is_complex):
+                fresh[k].requires_grad_(True)  # as torch's forward sees it: the inputs autograd differentiates
         ctx = _Ctx(tuple(needs))
         with torch.no_grad():
             if setup:
@@ -281,7 +302,7 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict):
     outs = list(box["static_outs"])
     for k, (j, a, d) in enumerate(zip(box["tensor_at"], arrays_out, box["out_dtypes"])):
         dirty = box["dirty"][k]
-        if dirty is not None:  # `mark_dirty`: the input itself is the output, written
+        if dirty is not None and write_dirty:  # `mark_dirty`: the input itself is the output, written
             t = args[at[dirty]]
             write(t, a)
             outs[j] = t

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import jax
@@ -36,10 +37,12 @@ import torch
 import torch.utils.hooks as torch_hooks
 from jax.custom_derivatives import SymbolicZero
 
+from ..core._autodiff import differentiated_by_jax
 from ..core._errors import HookUnderTraceError
 from ..tensor._tensor import JaxTensor, labelled, root, set_same_data
 
 _Tracer = jax.core.Tracer
+_local = threading.local()
 
 
 def _traced_float(t) -> bool:
@@ -170,9 +173,34 @@ _torch_apply_on_tensors = torch_hooks.BackwardHook._apply_on_tensors
 
 
 def _register_hook(self, hook):
-    if type(self) is JaxTensor and not self.requires_grad and torch.is_grad_enabled() and _traced_float(self):
-        return _hook_tensor(self, hook)
+    if type(self) is JaxTensor and torch.is_grad_enabled() and _traced_float(self):
+        if not self.requires_grad:
+            return _hook_tensor(self, hook)
+        if differentiated_by_jax() and not getattr(_local, "in_torch", False):  # torch's graph and JAX's VJP
+            jax_handle = _hook_tensor(self, hook)
+            _local.in_torch = True  # (torch's method comes back here through the function mode)
+            try:
+                return _Both(_torch_register_hook(self, hook), jax_handle)
+            finally:
+                _local.in_torch = False
     return _torch_register_hook(self, hook)
+
+
+class _Both:
+    """The handles of one hook registered with torch and with JAX."""
+
+    def __init__(self, *handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
 
 def _apply_on_tensors(self, fn, args):
@@ -180,12 +208,24 @@ def _apply_on_tensors(self, fn, args):
     when JAX, not torch, differentiates the module's tensors."""
     idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors = [args[i] for i in idx]
-    if (
-        not torch.is_grad_enabled()
-        or any(t.requires_grad for t in tensors)
-        or not any(_traced_float(t) for t in tensors)
-    ):
+    if not torch.is_grad_enabled() or not any(_traced_float(t) for t in tensors):
         return _torch_apply_on_tensors(self, fn, args)
+    if any(t.requires_grad for t in tensors):
+        if not differentiated_by_jax():
+            return _torch_apply_on_tensors(self, fn, args)
+        out, torch_idx = _torch_apply_on_tensors(self, fn, args)  # torch's node, then JAX's on its results
+        jax_out, _ = _jax_hooks(fn, out)
+        for i in idx:
+            if isinstance(out[i], JaxTensor) and jax_out[i] is not out[i]:
+                set_same_data(out[i], jax_out[i].elem)
+        return out, torch_idx
+    return _jax_hooks(fn, args)
+
+
+def _jax_hooks(fn, args):
+    """torch's `_apply_on_tensors` with a `jax.custom_vjp` identity as the node its hooks go on."""
+    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    tensors = [args[i] for i in idx]
     node = _Node()
     fn(node)
     float_at = [k for k, t in enumerate(tensors) if _traced_float(t)]
