@@ -96,7 +96,39 @@ def requires_grad_false_factory(t):
     return (t * c).sum() + t.new_tensor(t.detach()).sum()
 
 
+def detach_in_place(t):
+    y = t * 2
+    y.detach_()
+    return (y * t).sum()
+
+
+def data_assignment(t):
+    y = t * 2
+    y.data = y.data.clamp(-1, 1)  # new values, y keeps its derivative
+    return (y * y).sum()
+
+
+def nested_grad_modes(t):
+    with torch.no_grad():
+        with torch.enable_grad():
+            a = t * 3
+        b = t * 5
+    return (a * b).sum()
+
+
+def no_grad_decorator(t):
+    @torch.no_grad()
+    def g(u):
+        return u.exp()
+
+    return (g(t) * t).sum()
+
+
 SEMANTICS = [
+    detach_in_place,
+    data_assignment,
+    nested_grad_modes,
+    no_grad_decorator,
     straight_through,
     data_read,
     under_no_grad,

@@ -700,6 +700,14 @@ def _alias_runner(ex, args, kwargs):
     return make_view(x, x._raw(), None)
 
 
+def _detach_inplace(ex, args, kwargs):
+    """`x.detach_()`: `x` itself stops being differentiated (under a trace: `lax.stop_gradient`)."""
+    x = args[0]
+    if isinstance(x._raw(), _Tracer):
+        detach_result(x)
+    return x
+
+
 def _detach_runner(ex, args, kwargs):
     """`x.detach()`, `x.data`: an alias that JAX does not differentiate through (`_tensor.detached_view`)."""
     x = args[0]
@@ -783,6 +791,7 @@ _LIFT_FRESH = aten.lift_fresh.default
 
 
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_DETACH_ = torch._C.TensorBase.detach_
 _DATA = torch._C.TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
 
 
@@ -797,6 +806,11 @@ class JaxFunctionMode(TorchFunctionMode):
         if func in _BACKWARD_FUNCS:
             with tracing.backward_in_trace():
                 return func(*args, **kwargs)
+        if func is _DETACH_:  # (autograd handles it: no aten op reaches dispatch)
+            out = func(*args, **kwargs)
+            if isinstance(args[0], JaxTensor):
+                _detach_inplace(None, args, kwargs)
+            return out
         return func(*args, **kwargs)
 
 

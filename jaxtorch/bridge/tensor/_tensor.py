@@ -118,7 +118,14 @@ class JaxTensor(torch.Tensor):
             _check_write(self)
         torch._C.TensorBase.data.__set__(self, value)
         if isinstance(value, JaxTensor):
-            self._jt_elem = value._raw()
+            new, old = value._raw(), self._raw()
+            if (
+                (isinstance(new, _Tracer) or isinstance(old, _Tracer))
+                and new.shape == old.shape
+                and new.dtype == old.dtype
+            ):
+                new = keep_tangent(new, old)  # torch does not record `t.data = v`: `t` keeps its derivative
+            self._jt_elem = new
             if type(self._jt_elem) is _Lazy:
                 _lazy.track(self)
             self._jt_base = None
