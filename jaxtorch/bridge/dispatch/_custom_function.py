@@ -72,6 +72,8 @@ def _traced_untracked(args) -> bool:
 
 
 def _apply(cls, *args, **kwargs):
+    if cls.__module__.startswith("jaxtorch."):  # jaxtorch's own nodes (compiled calls, remat, call_jax)
+        return _torch_apply(cls, *args, **kwargs)
     if _traced_untracked(args) or (kwargs and _traced_untracked(tuple(kwargs.values()))):
         return _as_custom_vjp(cls, args, kwargs)
     if differentiated_by_jax() and torch.is_grad_enabled() and _traced(args):
