@@ -287,6 +287,45 @@ class GradientPenalty(nn.Module):
         return self.critic(fake).mean() - self.critic(real).mean() + 10 * gp
 
 
+# ---- torch's derivatives at kinks and ties ---------------------------------------------------
+KINK_VALUES = torch.tensor([[-1.0, 0.0, 0.5, 1.0], [1.0, 1.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0]])
+
+
+class Kink(nn.Module):
+    """A parameter holding kinks and ties exactly (0, +-1, equal entries, a zero row), through
+    `op`, weighted by a fixed cotangent: the gradient there is torch's formula's choice."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.p = nn.Parameter(KINK_VALUES.clone())
+        self.op = op
+
+    def forward(self, cot):
+        return (self.op(self.p) * cot).sum()
+
+
+def _ties(p):
+    """Reductions and comparisons at ties and at zero, where torch's formulas agree with JAX's."""
+    parts = [
+        p.max(dim=1).values,
+        p.amax(dim=1),
+        p.min(dim=1).values,
+        torch.maximum(p, p.flip(1)).sum(1),
+        p.clamp(-1, 1).sum(1),
+        p.norm(dim=1),
+        F.max_pool1d(p[None], 2)[0].sum(1),
+    ]
+    return torch.stack(parts, 1)
+
+
+def _kink(op) -> Callable[[], nn.Module]:
+    return lambda: Kink(op)
+
+
+def _cot(*shape) -> tuple[torch.Tensor]:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(3)),)
+
+
 def _seeded(cls: type[nn.Module]) -> Callable[[], nn.Module]:
     def factory():
         torch.manual_seed(0)
@@ -311,6 +350,12 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, ...]]] = {
     "frozen": (_seeded(Frozen), _data((N, D))),
     "tensor_hook": (_seeded(TensorHook), _data((N, D))),
     "module_backward_hook": (_seeded(ModuleBackwardHook), _data((N, D))),
+    "kink_relu": (_kink(torch.relu), _cot(3, 4)),
+    "kink_abs": (_kink(torch.abs), _cot(3, 4)),
+    "kink_hardtanh": (_kink(F.hardtanh), _cot(3, 4)),
+    "kink_sqrt_relu": (_kink(lambda p: torch.sqrt(torch.relu(p))), _cot(3, 4)),
+    "kink_ties": (_kink(_ties), _cot(3, 7)),
+    "cdist": (_kink(lambda p: torch.cdist(p, p.flip(0))), _cot(3, 3)),
     "gradient_penalty": (
         _seeded(GradientPenalty),
         _data((N, D), (N, D)) + (torch.rand(N, 1, generator=torch.Generator().manual_seed(2)),),
