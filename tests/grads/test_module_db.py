@@ -6,7 +6,7 @@ parameters' gradients of `sum(out * cotangent)` over the float outputs, with a f
 cotangent, agree between CPU PyTorch, torch-first eager on the `jax` device and `extract` +
 `jax.grad` (`tests/grads/_paths.py`). Two-way expected failures as in
 `test_semantics_models.py` (names are the entries', `nn.Linear`). Composite and lazy entries
-whose parts are tested here are left out (`SKIP`), to keep the file near a minute.
+whose parts are tested here are left out (`SKIP`), to keep the file short.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.modules import harness
 
 PATHS = ("eager", "extract")
 RTOL = 1e-5
-# left out to keep the file near a minute on 2 cores: each is made of entries tested here
+# left out to keep the file short (about a minute of CPU): each is made of entries tested here
 SKIP = {
     "nn.Transformer": "an encoder and a decoder of the TransformerEncoderLayer / TransformerDecoderLayer tested here",
     "nn.TransformerEncoder": "a stack of the TransformerEncoderLayer tested here",
