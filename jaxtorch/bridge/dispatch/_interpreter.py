@@ -50,7 +50,6 @@ from ..tensor._device import is_jax_device, jax_device_of
 from ..tensor._tensor import (
     JaxTensor,
     detach_result,
-    detached_view,
     labelled,
     make_view,
     rebind,
@@ -700,29 +699,13 @@ def _alias_runner(ex, args, kwargs):
     return make_view(x, x._raw(), None)
 
 
-def _detach_inplace(ex, args, kwargs):
-    """`x.detach_()`: `x` itself stops being differentiated (under a trace: `lax.stop_gradient`)."""
-    x = args[0]
-    if isinstance(x._raw(), _Tracer):
-        detach_result(x)
-    return x
-
-
-def _detach_runner(ex, args, kwargs):
-    """`x.detach()`, `x.data`: an alias that JAX does not differentiate through (`_tensor.detached_view`)."""
-    x = args[0]
-    if isinstance(x._raw(), _Tracer):
-        return detached_view(x)
-    return make_view(x, x._raw(), None)
-
-
 _SPECIAL: dict[Any, Callable] = {  # keyed by exactly `_routing.SPECIAL_OPS`
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: lambda ex, a, k: _to_copy(ex, a, {}),
-    aten.detach.default: _detach_runner,
+    aten.detach.default: _alias_runner,  # (torch's own detaches too: saved tensors; `JaxFunctionMode` sees the user's)
     aten.resize_.default: _resize_,
     aten.resize.default: lambda ex, a, k: labelled(_resized_any(a[0]._raw(), tuple(a[1])), a[0].dtype),
     aten.alias.default: _alias_runner,
@@ -791,7 +774,6 @@ _LIFT_FRESH = aten.lift_fresh.default
 
 
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
-_DETACH_ = torch._C.TensorBase.detach_
 _DATA = torch._C.TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
 
 
@@ -806,12 +788,25 @@ class JaxFunctionMode(TorchFunctionMode):
         if func in _BACKWARD_FUNCS:
             with tracing.backward_in_trace():
                 return func(*args, **kwargs)
-        if func is _DETACH_:  # (autograd handles it: no aten op reaches dispatch)
-            out = func(*args, **kwargs)
-            if isinstance(args[0], JaxTensor):
-                _detach_inplace(None, args, kwargs)
-            return out
+        if func in _OUTSIDE_GRAPH or (getattr(func, "__self__", None) is _DATA and func.__name__ == "__get__"):
+            return _outside_graph_call(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+# what torch's autograd never differentiates through, seen as the user calls it (torch's own internal
+# detaches, such as its saved tensors', are plain aliases: double backward goes through them)
+_OUTSIDE_GRAPH = frozenset(
+    {torch._C.TensorBase.detach, torch._C.TensorBase.detach_, torch._C.TensorBase.new_tensor, torch.tensor}
+)
+
+
+def _outside_graph_call(func, args, kwargs):
+    """`x.detach()`, `x.data`, `x.detach_()`, `x.new_tensor(t)`, `torch.tensor(t)` under a JAX trace:
+    the result is not differentiated by JAX (`_tensor.detach_result`), as torch's is not."""
+    out = func(*args, **kwargs)
+    if isinstance(out, JaxTensor) and isinstance(out._raw(), _Tracer):
+        detach_result(out)
+    return out
 
 
 # ---- factory kernels for the jax device, so `torch.empty(..., device="jax")` and the
