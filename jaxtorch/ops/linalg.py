@@ -802,6 +802,13 @@ def cdist(x1, x2, p, compute_mode=None):
     return _pnorm_dist(x1[..., :, None, :] - x2[..., None, :, :], p)
 
 
+@register(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist_result):
+    """torch-first `torch.cdist` backward (its gradient w.r.t. `x1`): the VJP of `cdist` above."""
+    _, pull = jax.vjp(lambda a: cdist(a, x2, p), x1)
+    return pull(grad.astype(x1.dtype))[0]
+
+
 @register(aten._pdist_forward.default)
 def pdist(x, p=2.0):
     """`torch.pdist`: the upper triangle (row-major) of the distances between rows of `x`."""
