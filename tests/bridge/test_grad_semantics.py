@@ -534,3 +534,17 @@ def test_every_path_gives_torchs_gradients(path):
     assert log == ref_log
     for n in want:
         np.testing.assert_allclose(np.asarray(got[n]), want[n], rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+def test_outer_grad_mode_is_ignored_as_torch_func_grad_does():
+    """torch.func.grad ignores an outer no_grad; so do the JAX-first entry points."""
+    want = torch.func.grad(lambda t: (t * t).sum())(torch.tensor(np.asarray(X)))
+    model = torch.nn.Linear(4, 1)
+    params, fn = jaxtorch.extract(model)
+    for mode in (torch.no_grad, lambda: torch.set_grad_enabled(False), torch.inference_mode):
+        with mode():
+            assert torch.func.grad(lambda t: (t * t).sum())(torch.tensor(np.asarray(X))).equal(want)
+            got = jax.grad(lambda a: jaxtorch.call_torch(lambda t: (t * t).sum(), a))(X)
+            np.testing.assert_allclose(got, want.numpy())
+            g = jax.grad(lambda p: fn(p, jnp.ones((2, 4))).sum())(params)
+            np.testing.assert_allclose(g["weight"], np.full((1, 4), 2.0))

@@ -68,7 +68,7 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
         ```
     """
     targs, tkwargs = torch_view(jax_inputs((args, kwargs), "jaxtorch.call_torch"))
-    with as_found(_modules_of(fn, args, kwargs)):
+    with as_found(_modules_of(fn, args, kwargs)), torch.enable_grad():  # (see `_run_torch`)
         return _run_torch(fn, targs, tkwargs, rng)
 
 
@@ -101,6 +101,10 @@ def jax_inputs(tree, where: str):
 
 def _run_torch(fn: Callable, targs, tkwargs, rng, data=None, dtypes: list | None = None) -> Any:
     """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
+
+    The JAX-first entry points (`call_torch`, `extract`'s `fn`) call it with torch's grad mode on,
+    whatever the caller's, as `torch.func.grad` does: JAX's transformations decide what is
+    differentiated; a `torch.no_grad()` inside the function is honoured (`core._autodiff`).
 
     Explicitly sharded arguments (and tensors of `fn`'s module) run with their mesh's axes Auto
     (`explicit.auto_axes`);
@@ -337,7 +341,7 @@ class ModuleFunction:
         tstate = {name: _labelled(stop_gradient(v), dtypes.get(name)) for name, v in state.items()}
         targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
         binding = bound(module, {**values, **tstate}, mutable=self.mutable)
-        with self._lock, scopes.module_scopes(), training_modes(self._modes), binding:
+        with self._lock, scopes.module_scopes(), training_modes(self._modes), binding, torch.enable_grad():
             out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))
         if not self.mutable:
             return out
