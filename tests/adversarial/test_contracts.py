@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     cases_compiled,
     cases_dtypes,
     cases_errors,
+    cases_grads,
     cases_io,
     cases_random,
     cases_services,

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 
 import jax
@@ -143,10 +144,20 @@ def _hook_tensor(t: JaxTensor, hook: Callable) -> _Handle:
             "`extract`'s fn / `call_torch`) is not supported; register it on a `.clone()` of the view, or on "
             "the tensor it views."
         )
+    held = _held_hooks.get(id(t))
+    if held is not None and held[0] is t._jt_elem:  # more hooks on the same data: one list, in order
+        held[1].append(hook)
+        return _Handle(held[1], hook)
     hooks = [hook]
     (new,), _ = hooked_identity([t], _run_tensor_hooks(hooks))
     set_same_data(t, new.elem)
+    _held_hooks[id(t)] = (new.elem, hooks)
+    weakref.finalize(t, _held_hooks.pop, id(t), None)
     return _Handle(hooks, hook)
+
+
+# id(tensor) -> (the data its hooks' identity gave it, the hooks): a later hook on the same data joins the list
+_held_hooks: dict[int, tuple] = {}
 
 
 def hook_parameter(value: JaxTensor, param: torch.Tensor) -> JaxTensor:
