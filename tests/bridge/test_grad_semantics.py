@@ -548,3 +548,26 @@ def test_outer_grad_mode_is_ignored_as_torch_func_grad_does():
             np.testing.assert_allclose(got, want.numpy())
             g = jax.grad(lambda p: fn(p, jnp.ones((2, 4))).sum())(params)
             np.testing.assert_allclose(g["weight"], np.full((1, 4), 2.0))
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_checkpointed_region_keeps_torchs_meaning(reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    def block(t):
+        u = t + (torch.round(t) - t).detach()
+        with torch.no_grad():
+            s = t.abs().mean()
+        v = Reverse.apply(u, 3.0) * s
+        if torch.is_grad_enabled():  # (torch's reentrant forward runs under no_grad: hooks come with the recompute)
+            v.register_hook(lambda g: g * 2)
+        return v * v
+
+    def f(t):
+        return checkpoint(block, t * 1.5, use_reentrant=reentrant).sum()
+
+    x = jnp.array([0.3, 1.7, -2.2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same(_jax_grad(f, x), _torch_grad(f, x))
+        _same(_jax_grad(f, x, jit=True), _torch_grad(f, x))

@@ -43,6 +43,7 @@ import torch.utils.checkpoint as _tc
 from ..core import _lazy, _random, _tracing
 from ..tensor._tensor import JaxTensor
 from . import _remat
+from ._custom_function import _traced_untracked
 
 _original_generator = _tc._checkpoint_without_reentrant_generator
 _OriginalFunction = _tc.CheckpointFunction
@@ -205,6 +206,11 @@ def checkpoint(
             out = _remat.checkpoint(function, args, kwargs, reentrant=use_reentrant)
             if out is not _remat.FALLBACK:
                 return out
+            if _traced_untracked((*args, *kwargs.values())):
+                # JAX, not torch, differentiates (a JAX-first function): torch's checkpoint would run the
+                # region outside torch's graph (its reentrant forward under no_grad); the region runs as
+                # written, JAX differentiates it with torch's meaning (no rematerialization for it)
+                return function(*args, **kwargs)
         kwargs["preserve_rng_state"] = preserve
     return _original(
         function, *args, use_reentrant=use_reentrant, context_fn=context_fn,
