@@ -37,6 +37,7 @@ from jax import lax
 
 from ..bridge.core._checks import check_nonzero_divisor
 from ..bridge.core._dtypes import x64_enabled
+from ._accumulate import opmath
 from ._semantics import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
@@ -104,6 +105,7 @@ def _is_one(v) -> bool:
 
 
 @register(aten.add.Tensor, aten.add.Scalar)
+@opmath
 @elementwise(DEFAULT, n=2)
 def add(a, b, alpha=1):
     """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer."""
@@ -118,6 +120,7 @@ def _no_bool_sub(a, b):
         )
 
 
+@opmath
 @elementwise(DEFAULT, n=2)
 def _sub(a, b, alpha=1):
     return binary(lax.sub, operator.sub, a, b if _is_one(alpha) else _mul(b, alpha))
@@ -138,6 +141,7 @@ def rsub(a, b, alpha=1):
 
 
 @register(aten.mul.Tensor, aten.mul.Scalar)
+@opmath
 @elementwise(DEFAULT)
 def mul(a, b):
     """`a * b`; bool * bool is logical and."""
@@ -146,6 +150,7 @@ def mul(a, b):
     return _mul(a, b)
 
 
+@opmath
 @elementwise(INT_TO_FLOAT)
 def _true_div(a, b):
     return binary(lax.div, operator.truediv, a, b)
@@ -295,6 +300,7 @@ def positive(a):
 
 
 @register(aten.addcmul.default)
+@opmath
 @elementwise(DEFAULT, n=3)
 def addcmul(a, t1, t2, value=1):
     """`a + value * t1 * t2`."""
@@ -307,6 +313,7 @@ def _scaled(value, x):
 
 
 @register(aten.addcdiv.default)
+@opmath
 @elementwise(DEFAULT, n=3)
 def addcdiv(a, t1, t2, value=1):
     """`a + value * t1 / t2` (integer t1/t2 are rejected by torch)."""
@@ -316,6 +323,7 @@ def addcdiv(a, t1, t2, value=1):
 
 
 @register(aten.lerp.Scalar, aten.lerp.Tensor)
+@opmath
 @elementwise(DEFAULT)
 def lerp(a, end, weight):
     """torch's two-sided linear interpolation (exact at both ends)."""

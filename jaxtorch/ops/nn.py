@@ -121,8 +121,8 @@ def _depthwise(x, w, stride, padding, dilation):
 
     XLA fuses the sum into one loop; XLA:CPU runs the same `feature_group_count` convolution
     10-40x slower (a grouped convolution kernel with one channel per group). Half inputs
-    accumulate in float32 (and the result stays float32, as `_conv`'s). The result differs from a convolution by float32 round-off (the
-    order of the sum), and its gradients are the exact VJP of the same sum.
+    accumulate in float32, and the result stays float32 (as `_conv`'s). The result differs
+    from a convolution by float32 round-off (the order of the sum), and its gradients are the exact VJP of the same sum.
     """
     n = w.ndim - 2
     batch, c_in = x.shape[:2]
