@@ -104,12 +104,22 @@ def _is_one(v) -> bool:
     return type(v) in (int, float, bool) and v == 1
 
 
-@register(aten.add.Tensor, aten.add.Scalar)
 @opmath
+def _add_scaled(a, b, alpha):
+    return _add(a, _mul(b, alpha))
+
+
+@register(aten.add.Tensor, aten.add.Scalar)
 @elementwise(DEFAULT, n=2)
 def add(a, b, alpha=1):
-    """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer."""
-    return _add(a, b if _is_one(alpha) else _mul(b, alpha))
+    """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer.
+
+    As in torch's kernel, a scalar `b` and `alpha` are first cast to the result dtype, and a
+    half `a + alpha * b` is computed in float32 and rounded once."""
+    if _is_one(alpha):
+        return _add(a, b)
+    ref = _first_array(a, b)
+    return _add_scaled(_like(a, ref), _like(b, ref), _like(alpha, ref))
 
 
 def _no_bool_sub(a, b):
@@ -120,10 +130,17 @@ def _no_bool_sub(a, b):
         )
 
 
-@opmath
 @elementwise(DEFAULT, n=2)
 def _sub(a, b, alpha=1):
-    return binary(lax.sub, operator.sub, a, b if _is_one(alpha) else _mul(b, alpha))
+    if _is_one(alpha):
+        return binary(lax.sub, operator.sub, a, b)
+    ref = _first_array(a, b)
+    return _sub_scaled(_like(a, ref), _like(b, ref), _like(alpha, ref))
+
+
+@opmath
+def _sub_scaled(a, b, alpha):
+    return binary(lax.sub, operator.sub, a, _mul(b, alpha))
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
@@ -304,7 +321,7 @@ def positive(a):
 @elementwise(DEFAULT, n=3)
 def addcmul(a, t1, t2, value=1):
     """`a + value * t1 * t2`."""
-    return a + _scaled(value, t1 * t2)
+    return a + _scaled(value, t1) * t2  # torch's order: value * t1 * t2
 
 
 def _scaled(value, x):
