@@ -35,7 +35,7 @@ from jax import lax
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
-from ._accumulate import accumulation_dtype
+from ._accumulate import accumulation_dtype, opmath
 from ._accumulate import upcast as _opmath
 from ._semantics import binary, broadcast_to, category, result_type
 from .registry import keep_whole, register
@@ -1282,6 +1282,7 @@ def max_unpool3d(self, indices, output_size, stride, padding):
 
 
 @register(aten._trilinear.default)
+@opmath
 def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     """`F.bilinear`'s kernel: broadcast the three inputs at the given dims, multiply, sum `sumdim`."""
 
