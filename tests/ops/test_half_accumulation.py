@@ -58,6 +58,8 @@ def test_sum_of_random_values_is_torchs(dtype):
     _same(lambda t: t.sum(), torch.randn(1000).to(dtype))
     _same(lambda t: t.sum(1), torch.randn(8, 300).to(dtype))
     _same(lambda t: t.mean(0), torch.randn(300, 8).to(dtype))
+    _same(lambda t: t.cumsum(0), torch.randn(300).to(dtype))
+    _same(lambda t: torch.nn.functional.normalize(t, dim=1), torch.randn(4, 300).to(dtype))
 
 
 def test_bf16_sum_of_many_small_values_is_1000():
