@@ -37,6 +37,7 @@ from jax import lax
 
 from ..bridge.core._checks import check_nonzero_divisor
 from ..bridge.core._dtypes import x64_enabled
+from ._accumulate import opmath
 from ._semantics import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
@@ -103,11 +104,22 @@ def _is_one(v) -> bool:
     return type(v) in (int, float, bool) and v == 1
 
 
+@opmath
+def _add_scaled(a, b, alpha):
+    return _add(a, _mul(b, alpha))
+
+
 @register(aten.add.Tensor, aten.add.Scalar)
 @elementwise(DEFAULT, n=2)
 def add(a, b, alpha=1):
-    """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer."""
-    return _add(a, b if _is_one(alpha) else _mul(b, alpha))
+    """`a + alpha * b`; bool + bool is logical or. `add(int_t, int_t)` stays integer.
+
+    As in torch's kernel, a scalar `b` and `alpha` are first cast to the result dtype, and a
+    half `a + alpha * b` is computed in float32 and rounded once."""
+    if _is_one(alpha):
+        return _add(a, b)
+    ref = _first_array(a, b)
+    return _add_scaled(_like(a, ref), _like(b, ref), _like(alpha, ref))
 
 
 def _no_bool_sub(a, b):
@@ -120,7 +132,15 @@ def _no_bool_sub(a, b):
 
 @elementwise(DEFAULT, n=2)
 def _sub(a, b, alpha=1):
-    return binary(lax.sub, operator.sub, a, b if _is_one(alpha) else _mul(b, alpha))
+    if _is_one(alpha):
+        return binary(lax.sub, operator.sub, a, b)
+    ref = _first_array(a, b)
+    return _sub_scaled(_like(a, ref), _like(b, ref), _like(alpha, ref))
+
+
+@opmath
+def _sub_scaled(a, b, alpha):
+    return binary(lax.sub, operator.sub, a, _mul(b, alpha))
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
@@ -138,6 +158,7 @@ def rsub(a, b, alpha=1):
 
 
 @register(aten.mul.Tensor, aten.mul.Scalar)
+@opmath
 @elementwise(DEFAULT)
 def mul(a, b):
     """`a * b`; bool * bool is logical and."""
@@ -146,6 +167,7 @@ def mul(a, b):
     return _mul(a, b)
 
 
+@opmath
 @elementwise(INT_TO_FLOAT)
 def _true_div(a, b):
     return binary(lax.div, operator.truediv, a, b)
@@ -295,10 +317,11 @@ def positive(a):
 
 
 @register(aten.addcmul.default)
+@opmath
 @elementwise(DEFAULT, n=3)
 def addcmul(a, t1, t2, value=1):
     """`a + value * t1 * t2`."""
-    return a + _scaled(value, t1 * t2)
+    return a + _scaled(value, t1) * t2  # torch's order: value * t1 * t2
 
 
 def _scaled(value, x):
@@ -307,6 +330,7 @@ def _scaled(value, x):
 
 
 @register(aten.addcdiv.default)
+@opmath
 @elementwise(DEFAULT, n=3)
 def addcdiv(a, t1, t2, value=1):
     """`a + value * t1 / t2` (integer t1/t2 are rejected by torch)."""
@@ -316,6 +340,7 @@ def addcdiv(a, t1, t2, value=1):
 
 
 @register(aten.lerp.Scalar, aten.lerp.Tensor)
+@opmath
 @elementwise(DEFAULT)
 def lerp(a, end, weight):
     """torch's two-sided linear interpolation (exact at both ends)."""

@@ -29,7 +29,8 @@ from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-export
 from jax.lax import linalg as lax_linalg
 
 from ..bridge.core._dtypes import canonical_int
-from ._semantics import binary, canon_dim, category, is_array, to_float, to_real
+from ._accumulate import accumulation_dtype, is_half, opmath, round_to, upcast
+from ._semantics import binary, canon_dim, category, is_array, result_type, to_float, to_real
 from .registry import register
 
 aten = torch.ops.aten
@@ -68,7 +69,11 @@ def _scaled_sum(self, prod, beta, alpha):
     """torch's `beta * self + alpha * prod`; `beta == 0` ignores `self` (NaN included).
 
     Like ATen's kernels, the scalars are first cast to the result dtype (0.5 -> 0 for ints).
+    A float32 `prod` of half operands (`_matmul`'s accumulator) sums in float32 and rounds
+    once to `self`'s dtype, as torch's CPU gemm does.
     """
+    if is_half(self.dtype) and prod.dtype == np.float32:
+        return round_to(_scaled_sum(upcast(self), prod, beta, alpha), self.dtype)
     out_dtype = prod.dtype
     cat = category(out_dtype)
     cast = bool if cat == 0 else int if cat == 1 else (lambda x: x)
@@ -87,16 +92,25 @@ def _scaled_sum(self, prod, beta, alpha):
 
 
 # ---- products ---------------------------------------------------------------------------
-@register(aten.mm.default, aten.bmm.default, aten.matmul.default)
-def mm(a, b):
-    """`a @ b` at the operand dtype. Example: `mm(jnp.ones((2, 3)), jnp.ones((3, 4))).shape == (2, 4)`."""
+def _matmul(a, b):
+    """`a @ b` at the operand dtype; half operands accumulate in float32 and stay float32."""
     if a.dtype == np.bool_:
         return jnp.matmul(a.astype(np.int32), b.astype(np.int32)) != 0
+    acc = accumulation_dtype(a.dtype)
     if a.dtype == b.dtype and a.ndim == b.ndim and a.ndim in (2, 3) and a.shape[:-2] == b.shape[:-2]:
         # mm / bmm: one dot_general (jnp.matmul is a jitted function: dearer to trace)
         batch = (tuple(range(a.ndim - 2)),) * 2
-        return lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), batch))
-    return jnp.matmul(a, b)
+        return lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), batch), preferred_element_type=acc)
+    return jnp.matmul(a, b, preferred_element_type=acc)
+
+
+@register(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def mm(a, b):
+    """`a @ b` at the operand dtype (half operands accumulate in float32 and round once).
+
+    Example: `mm(jnp.ones((2, 3)), jnp.ones((3, 4))).shape == (2, 4)`."""
+    out = _matmul(a, b)
+    return round_to(out, a.dtype) if is_half(a.dtype) else out
 
 
 @register(aten.mm.dtype, aten.bmm.dtype)
@@ -113,12 +127,14 @@ def mv(a, v):
 def dot(a, b):
     if a.ndim <= 1 and b.ndim <= 1:
         return mm(a, b) if a.ndim and b.ndim else a * b
-    return jnp.inner(a, b)
+    out = jnp.inner(a, b, preferred_element_type=accumulation_dtype(a.dtype))
+    return round_to(out, a.dtype) if is_half(a.dtype) else out
 
 
 @register(aten.vdot.default)
 def vdot(a, b):
-    return jnp.vdot(a, b)
+    out = jnp.vdot(a, b, preferred_element_type=accumulation_dtype(a.dtype))
+    return round_to(out, a.dtype) if is_half(a.dtype) else out
 
 
 @register(aten.outer.default, aten.ger.default)
@@ -132,7 +148,7 @@ def outer(a, b):
 @register(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     """`beta * self + alpha * (mat1 @ mat2)`; with `beta=0`, NaN in `self` is ignored."""
-    return _scaled_sum(self, mm(mat1, mat2), beta, alpha)
+    return _scaled_sum(self, _matmul(mat1, mat2), beta, alpha)
 
 
 @register(aten.addmm.dtype, aten.baddbmm.dtype)
@@ -142,7 +158,7 @@ def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1):
 
 @register(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _scaled_sum(self, mm(batch1, batch2), beta, alpha)
+    return _scaled_sum(self, _matmul(batch1, batch2), beta, alpha)
 
 
 @register(aten.addbmm.default)
@@ -150,28 +166,33 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
     if batch1.dtype == np.bool_:
         prod = jnp.einsum("bij,bjk->ik", batch1.astype(np.int32), batch2.astype(np.int32)) != 0
     else:
-        prod = jnp.einsum("bij,bjk->ik", batch1, batch2)
+        prod = jnp.einsum("bij,bjk->ik", batch1, batch2, preferred_element_type=accumulation_dtype(batch1.dtype))
     return _scaled_sum(self, prod, beta, alpha)
 
 
 @register(aten.addmv.default)
 def addmv(self, mat, vec, *, beta=1, alpha=1):
-    return _scaled_sum(self, mm(mat, vec), beta, alpha)
+    return _scaled_sum(self, _matmul(mat, vec), beta, alpha)
 
 
 @register(aten.addr.default)
 def addr(self, vec1, vec2, *, beta=1, alpha=1):
-    return _scaled_sum(self, outer(vec1, vec2), beta, alpha)
+    return _scaled_sum(self, outer(upcast(vec1), upcast(vec2)), beta, alpha)
 
 
 @register(aten.einsum.default)
 def einsum(equation, tensors, *, path=None):
-    return jnp.einsum(equation, *tensors, optimize=True)
+    """`torch.einsum`; half operands accumulate in float32 and round once."""
+    half = result_type(*tensors)
+    if not is_half(half):
+        return jnp.einsum(equation, *tensors, optimize=True)
+    return round_to(jnp.einsum(equation, *tensors, optimize=True, preferred_element_type=np.float32), half)
 
 
 @register(aten.tensordot.default)
 def tensordot(a, b, dims_a, dims_b):
-    return jnp.tensordot(a, b, axes=(tuple(dims_a), tuple(dims_b)))
+    out = jnp.tensordot(a, b, axes=(tuple(dims_a), tuple(dims_b)), preferred_element_type=accumulation_dtype(a.dtype))
+    return round_to(out, a.dtype) if is_half(a.dtype) else out
 
 
 @register(aten.kron.default)
@@ -187,6 +208,7 @@ def linalg_cross(a, b, *, dim=-1):
 
 
 @register(aten.linalg_vecdot.default)
+@opmath
 def linalg_vecdot(x, y, *, dim=-1):
     x = jnp.conj(x) if jnp.iscomplexobj(x) else x
     return jnp.sum(x * y, axis=dim)

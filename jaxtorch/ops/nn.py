@@ -35,6 +35,8 @@ from jax import lax
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
+from ._accumulate import accumulation_dtype, opmath
+from ._accumulate import upcast as _opmath
 from ._semantics import binary, broadcast_to, category, result_type
 from .registry import keep_whole, register
 
@@ -42,11 +44,6 @@ aten = torch.ops.aten
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def _opmath(x: jax.Array) -> jax.Array:
-    """Half-precision floats compute in float32, like torch's `opmath_type`."""
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
-
-
 def _tup(v, n: int) -> tuple[int, ...]:
     """An int or list (possibly of length 1) -> an n-tuple of ints."""
     if isinstance(v, int):
@@ -72,6 +69,7 @@ def _spatial_spec(n: int) -> str:
 
 # ---- convolution ------------------------------------------------------------------------------
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """The convolution, accumulated (and returned) in float32 for half operands."""
     n = w.ndim - 2
     stride, padding, dilation = _tup(stride, n), _tup(padding, n), _tup(dilation, n)
     sp = _spatial_spec(n)
@@ -87,6 +85,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
             rhs_dilation=dilation,
             dimension_numbers=dn,
             feature_group_count=groups,
+            preferred_element_type=accumulation_dtype(x.dtype),
         )
     output_padding = _tup(output_padding, n) if output_padding else (0,) * n
     k = w.shape[2:]
@@ -109,6 +108,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         rhs_dilation=dilation,
         dimension_numbers=dn,
         feature_group_count=groups,
+        preferred_element_type=accumulation_dtype(x.dtype),
     )
 
 
@@ -121,8 +121,8 @@ def _depthwise(x, w, stride, padding, dilation):
 
     XLA fuses the sum into one loop; XLA:CPU runs the same `feature_group_count` convolution
     10-40x slower (a grouped convolution kernel with one channel per group). Half inputs
-    accumulate in float32. The result differs from a convolution by float32 round-off (the
-    order of the sum), and its gradients are the exact VJP of the same sum.
+    accumulate in float32, and the result stays float32 (as `_conv`'s). The result differs
+    from a convolution by float32 round-off (the order of the sum), and its gradients are the exact VJP of the same sum.
     """
     n = w.ndim - 2
     batch, c_in = x.shape[:2]
@@ -144,17 +144,17 @@ def _depthwise(x, w, stride, padding, dilation):
         piece = lax.slice(xp, (0, *start, 0), (batch, *limit, c_out), (1, *stride, 1))
         term = piece * wf[(slice(None), 0) + tap]
         out = term if out is None else out + term
-    out = jnp.transpose(out, tuple(np.argsort(perm)))
-    return out.astype(jnp.result_type(x.dtype, w.dtype))
+    return jnp.transpose(out, tuple(np.argsort(perm)))
 
 
 @register(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """`F.conv{1,2,3}d` / `conv_transpose{1,2,3}d`: one `lax.conv_general_dilated`."""
+    """`F.conv{1,2,3}d` / `conv_transpose{1,2,3}d`: one `lax.conv_general_dilated`; half
+    inputs accumulate in float32, bias included, and round once (torch's CPU kernel)."""
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + _bcast_channel(bias, out.ndim).astype(out.dtype)
-    return out
+    return out.astype(jnp.result_type(input.dtype, weight.dtype))
 
 
 @register(aten._convolution.default)
@@ -181,7 +181,8 @@ def convolution_backward(
     grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
 ):
     """Gradients of `convolution` for input, weight and bias (None where `output_mask` is False)."""
-    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)  # noqa: E731
+    dtype = jnp.result_type(input.dtype, weight.dtype)
+    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups).astype(dtype)  # noqa: E731
     gx, gw = _vjp(fn, (input, weight), grad_output)
     gb = None
     if output_mask[2]:
@@ -1281,6 +1282,7 @@ def max_unpool3d(self, indices, output_size, stride, padding):
 
 
 @register(aten._trilinear.default)
+@opmath
 def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     """`F.bilinear`'s kernel: broadcast the three inputs at the given dims, multiply, sum `sumdim`."""
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..bridge.core._dtypes import canonical_int, default_float, to_torch_dtype
+from ._accumulate import opmath
 from ._semantics import canon_dim, canon_dims, category, result_type, to_real
 from .registry import register
 from .sorting import stable_argsort
@@ -115,12 +116,14 @@ def _index(i):
 
 # ---- sums, products, means ---------------------------------------------------------------
 @register(aten.sum.default, aten.sum.dim_IntList)
+@opmath
 def sum_(a, dim=None, keepdim=False, *, dtype=None):
     """`torch.sum`; bool/int accumulate in int64. `sum_(jnp.ones(3, bool))` -> `3` (int64)."""
     return jnp.sum(a, axis=_axes(a, dim), keepdims=keepdim, dtype=_sum_dtype(a, dtype))
 
 
 @register(aten.nansum.default)
+@opmath
 def nansum(a, dim=None, keepdim=False, *, dtype=None):
     """`torch.nansum`: NaNs count as zero."""
     if category(a.dtype) >= _FLOAT:
@@ -129,17 +132,20 @@ def nansum(a, dim=None, keepdim=False, *, dtype=None):
 
 
 @register(aten.prod.default)
+@opmath
 def prod(a, *, dtype=None):
     """`torch.prod` of all elements; bool/int accumulate in int64."""
     return jnp.prod(a, dtype=_sum_dtype(a, dtype))
 
 
 @register(aten.prod.dim_int)
+@opmath
 def prod_dim(a, dim, keepdim=False, *, dtype=None):
     return jnp.prod(a, axis=_axes(a, dim), keepdims=keepdim, dtype=_sum_dtype(a, dtype))
 
 
 @register(aten.mean.default, aten.mean.dim)
+@opmath
 def mean(a, dim=None, keepdim=False, *, dtype=None):
     """`torch.mean`; integer inputs need an explicit float `dtype`, as in torch."""
     _require_float("mean", a, dtype)
@@ -148,6 +154,7 @@ def mean(a, dim=None, keepdim=False, *, dtype=None):
 
 
 @register(aten.nanmean.default)
+@opmath
 def nanmean(a, dim=None, keepdim=False, *, dtype=None):
     """`torch.nanmean`: the mean of the non-NaN elements."""
     if category(a.dtype) < _FLOAT:
@@ -308,6 +315,7 @@ def _safe_sqrt(v):
     return jnp.where(zero, 0, jnp.sqrt(jnp.where(zero, 1, v)))
 
 
+@opmath
 def _var_mean(a, dim, correction, keepdim: bool):
     if category(a.dtype) < _FLOAT:
         raise RuntimeError("std and var only support floating point and complex dtypes")
@@ -357,6 +365,7 @@ def std_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 # ---- logsumexp and norms ------------------------------------------------------------------
 @register(aten.logsumexp.default)
+@opmath
 def logsumexp(a, dim=(), keepdim=False):
     """`torch.logsumexp`; integer inputs are computed in the default float dtype."""
     if category(a.dtype) < _FLOAT:
@@ -413,7 +422,8 @@ def _vector_norm_jvp(p, axes, keepdim, primals, tangents):
     return out, jnp.sum(scale * t, axis=axes, keepdims=keepdim)
 
 
-def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+@opmath
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     """torch's `linalg.vector_norm` on a JAX array (real result; float/complex inputs only)."""
     if category(x.dtype) < _FLOAT:
         raise RuntimeError(
@@ -437,13 +447,13 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
 @register(aten.linalg_vector_norm.default)
 def linalg_vector_norm(a, ord=2, dim=None, keepdim=False, *, dtype=None):
     """`torch.linalg.vector_norm`; the gradient is torch's (0 at a zero norm, shared among inf-norm ties)."""
-    return vector_norm(a, ord, dim, keepdim, dtype)
+    return vector_norm(a, ord, dim, keepdim, dtype=dtype)
 
 
 @register(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dtype, aten.norm.ScalarOpt_dim_dtype)
 def norm(a, p=2, dim=None, keepdim=False, *, dtype=None):
     """`aten.norm` (`torch.norm` with a numeric `p`)."""
-    return vector_norm(a, 2 if p is None else p, dim, keepdim, dtype)
+    return vector_norm(a, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
 
 @register(aten.frobenius_norm.dim)
@@ -452,6 +462,7 @@ def frobenius_norm(a, dim, keepdim=False):
 
 
 @register(aten.dist.default)
+@opmath
 def dist(a, b, p=2):
     """`torch.dist`: the p-norm of `a - b` (broadcast, promoted)."""
     dt = result_type(a, b)
@@ -459,6 +470,7 @@ def dist(a, b, p=2):
 
 
 @register(aten.renorm.default)
+@opmath
 def renorm(a, p, dim, maxnorm):
     """`torch.renorm`: rescale each slice along `dim` whose p-norm exceeds `maxnorm`."""
     d = canon_dim(dim, a.ndim)
@@ -469,6 +481,7 @@ def renorm(a, p, dim, maxnorm):
 
 
 @register(aten.trace.default)
+@opmath
 def trace(a):
     """`torch.trace` of a matrix; bool/int accumulate in int64."""
     if a.ndim != 2:
@@ -480,6 +493,7 @@ def trace(a):
 
 # ---- cumulative ops -----------------------------------------------------------------------
 @register(aten.cumsum.default)
+@opmath
 def cumsum(a, dim, *, dtype=None):
     """`torch.cumsum`; bool/int accumulate in int64."""
     dt = _sum_dtype(a, dtype)
@@ -487,12 +501,14 @@ def cumsum(a, dim, *, dtype=None):
 
 
 @register(aten.cumprod.default)
+@opmath
 def cumprod(a, dim, *, dtype=None):
     dt = _sum_dtype(a, dtype)
     return _along(a.astype(dt), dim, lambda x, axis: jnp.cumprod(x, axis=axis))
 
 
 @register(aten.logcumsumexp.default)
+@opmath
 def logcumsumexp(a, dim):
     """`torch.logcumsumexp` (a stable cumulative log-sum-exp)."""
     if category(a.dtype) < _FLOAT:
