@@ -35,7 +35,7 @@ from jax import lax
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
-from ._accumulate import accumulation_dtype, opmath
+from ._accumulate import accumulation_dtype, is_half, opmath, upcast
 from ._accumulate import upcast as _opmath
 from ._semantics import binary, broadcast_to, category, result_type
 from .registry import keep_whole, register
@@ -147,10 +147,51 @@ def _depthwise(x, w, stride, padding, dilation):
     return jnp.transpose(out, tuple(np.argsort(perm)))
 
 
+def _transposed_half(x, w, bias, stride, padding, dilation, output_padding, groups):
+    """A float16/bfloat16 transposed convolution computed as CPU torch's `slow_conv_transpose{2,3}d`
+    computes it, so the result is torch's to the bit: its GEMM gives the columns
+    `x[ci] * w[ci, co, tap]` summed over input channels in float32 and rounded to the half dtype;
+    `col2im` then adds each kernel tap's columns into the output in the half dtype (one rounding per
+    add, taps in row-major order); the bias is added last, one half-precision add.
+
+    Example: `_transposed_half(x16, w16, None, (2, 2), (1, 1), (1, 1), (0, 0), 1)`."""
+    n = w.ndim - 2
+    stride, padding, dilation = _tup(stride, n), _tup(padding, n), _tup(dilation, n)
+    output_padding = _tup(output_padding, n) if output_padding else (0,) * n
+    half = jnp.result_type(x.dtype, w.dtype)
+    batch, cin, size, k = x.shape[0], x.shape[1], x.shape[2:], w.shape[2:]
+    cout_g = w.shape[1]
+    xg = upcast(x).reshape((batch, groups, cin // groups) + size)
+    wg = upcast(w).reshape((groups, cin // groups, cout_g) + k)
+    sp = "".join(chr(ord("p") + i) for i in range(n))
+    kk = "".join(chr(ord("h") + i) for i in range(n))
+    cols = jnp.einsum(f"bgc{sp},gco{kk}->bgo{kk}{sp}", xg, wg, precision=lax.Precision.HIGHEST)
+    cols = cols.reshape((batch, groups * cout_g) + k + size).astype(half)  # the GEMM's half columns
+    out_size = [
+        (s - 1) * st - 2 * p + d * (kn - 1) + op + 1
+        for s, st, p, d, kn, op in zip(size, stride, padding, dilation, k, output_padding)
+    ]
+    out = jnp.zeros((batch, groups * cout_g, *out_size), half)
+    zero = jnp.zeros((), half)
+    for tap in itertools.product(*(range(kn) for kn in k)):
+        piece = cols[(slice(None), slice(None)) + tap]
+        pads = [(0, 0, 0), (0, 0, 0)]
+        for s, st, p, d, t, o in zip(size, stride, padding, dilation, tap, out_size):
+            low = t * d - p
+            pads.append((low, o - low - ((s - 1) * st + 1), st - 1))
+        out = (out.astype(jnp.float32) + lax.pad(piece, zero, pads).astype(jnp.float32)).astype(half)
+    if bias is not None:
+        out = (out.astype(jnp.float32) + _bcast_channel(bias, out.ndim).astype(jnp.float32)).astype(half)
+    return out
+
+
 @register(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """`F.conv{1,2,3}d` / `conv_transpose{1,2,3}d`: one `lax.conv_general_dilated`; half
-    inputs accumulate in float32, bias included, and round once (torch's CPU kernel)."""
+    inputs accumulate in float32, bias included, and round once (torch's CPU kernel). A half
+    transposed convolution rounds as torch's CPU kernel does (`_transposed_half`)."""
+    if transposed and is_half(jnp.result_type(input.dtype, weight.dtype)):
+        return _transposed_half(input, weight, bias, stride, padding, dilation, output_padding, groups)
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + _bcast_channel(bias, out.ndim).astype(out.dtype)

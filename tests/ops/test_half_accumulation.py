@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import jaxtorch
 from tests.expected import load_expected
@@ -162,3 +163,27 @@ def test_ulp_is_one_rounding_step():
     ref = np.array([1.0, 1000.0, 3.0e-5])
     np.testing.assert_array_equal(half_opinfo.ulp(ref, torch.float16), [2.0**-10, 0.5, 2.0**-24])
     np.testing.assert_array_equal(half_opinfo.ulp(ref, torch.bfloat16), [2.0**-7, 4.0, 2.0**-23])
+
+
+# ---- transposed convolutions round as CPU torch's slow_conv_transpose does ----------------------
+_TRANSPOSED = [
+    (F.conv_transpose2d, (1, 2, 5, 5), (2, 3, 3, 3), {}),
+    (F.conv_transpose2d, (2, 4, 6, 5), (4, 2, 3, 2), dict(stride=2, padding=1, output_padding=1, groups=2)),
+    (F.conv_transpose2d, (1, 3, 7, 7), (3, 4, 3, 3), dict(stride=3, padding=2, dilation=2)),
+    (F.conv_transpose1d, (2, 3, 9), (3, 5, 4), dict(stride=2, padding=1)),
+    (F.conv_transpose3d, (1, 2, 3, 4, 3), (2, 3, 2, 3, 2), dict(stride=(1, 2, 1), padding=(0, 1, 0))),
+]
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", range(len(_TRANSPOSED)))
+def test_half_transposed_convolution_is_torchs_bit_for_bit(case, dtype, bias):
+    fn, xs, ws, kw = _TRANSPOSED[case]
+    g = torch.Generator().manual_seed(case)
+    x, w = torch.randn(xs, generator=g) * 3, torch.randn(ws, generator=g)
+    b = torch.randn(ws[1] * kw.get("groups", 1), generator=g) if bias else None
+    args = [x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)]
+    want = fn(*args, **kw)
+    got = fn(*[None if a is None else a.to("jax") for a in args], **kw).cpu()
+    assert torch.equal(got, want)
