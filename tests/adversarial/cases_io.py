@@ -1087,8 +1087,13 @@ def _bad_device_state():
 def _both(fn, dtype=torch.bfloat16, tol=2e-2):
     """`fn(device)` under CPU autocast and jax autocast: same dtypes, close values."""
     torch.manual_seed(0)
-    with torch.autocast("cpu", dtype=dtype):
-        expected = fn("cpu")
+    try:
+        with torch.autocast("cpu", dtype=dtype):
+            expected = fn("cpu")
+    except RuntimeError as e:  # CPU torch itself cannot run it on this processor: there is no reference here
+        if "could not create a primitive descriptor" not in str(e):
+            raise
+        pytest.skip(f"CPU torch's oneDNN has no {dtype} kernel for this op on this processor: {str(e)[:80]}")
     with jaxtorch.default_env(), torch.autocast("jax", dtype=dtype):
         got = fn("jax")
     e_leaves = [t for t in torch.utils._pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)]
