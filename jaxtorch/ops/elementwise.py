@@ -48,6 +48,7 @@ from ._semantics import (
     is_array,
     to_float,
 )
+from ._derivatives import torch_derivative
 from .registry import register
 
 aten = torch.ops.aten
@@ -481,8 +482,16 @@ def fmin(a, b):
 # ---------------------------------------------------------------------------------------
 # sign, rounding
 # ---------------------------------------------------------------------------------------
+def _abs_derivative(t, out, a):
+    """torch's `abs` backward, `grad * sgn(a)`: 0 at 0 (JAX's rule gives 1)."""
+    if jnp.iscomplexobj(a):
+        return jnp.real(jnp.conj(sgn(a)) * t)
+    return t * jnp.sign(a)
+
+
 @register(aten.abs.default)
 @elementwise(COMPLEX_TO_FLOAT)
+@torch_derivative(_abs_derivative)
 def absolute(a):
     """`|a|` (complex -> its real dtype)."""
     return a if _is_bool(a) else jnp.abs(a)

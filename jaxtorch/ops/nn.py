@@ -36,6 +36,7 @@ from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
 from ._semantics import binary, broadcast_to, category, result_type
+from ._derivatives import gather_tangent, torch_derivative
 from .registry import keep_whole, register
 
 aten = torch.ops.aten
@@ -815,8 +816,10 @@ def _elu(x, alpha=1, scale=1, input_scale=1):
 register(aten.gelu.default)(_act(_gelu))
 register(aten.silu.default)(_act(_silu))
 register(aten.mish.default)(_act(_mish))
-register(aten.hardswish.default)(_act(_hardswish))
-register(aten.hardsigmoid.default)(_act(_hardsigmoid))
+register(aten.hardswish.default)(torch_derivative(lambda t, out, self: hardswish_backward(t, self))(_act(_hardswish)))
+register(aten.hardsigmoid.default)(
+    torch_derivative(lambda t, out, self: hardsigmoid_backward(t, self))(_act(_hardsigmoid))
+)
 register(aten.softplus.default)(_act(_softplus))
 register(aten.elu.default)(_act(_elu))
 
@@ -851,7 +854,8 @@ register(aten.softplus_backward.default)(_act_backward(_softplus))
 
 @register(aten.hardswish_backward.default)
 def hardswish_backward(grad_output, self):
-    g = jnp.where(self < -3, 0, jnp.where(self <= 3, self / 3 + 0.5, 1))
+    # torch's CPU kernel: 0 up to -3 included, x / 3 + 1/2 inside, 1 from 3 included
+    g = jnp.where(self <= -3, 0, jnp.where(self < 3, self / 3 + 0.5, 1))
     return (grad_output * g).astype(grad_output.dtype)
 
 
@@ -882,6 +886,7 @@ def selu(self):
 
 
 @register(aten.relu.default)
+@torch_derivative(lambda t, out, self: threshold_backward(t, out, 0))
 def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype)) if self.dtype != jnp.bool_ else self
 
@@ -928,6 +933,7 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
 
 
 @register(aten.hardtanh.default)
+@torch_derivative(lambda t, out, self, min_val=-1, max_val=1: hardtanh_backward(t, self, min_val, max_val))
 def hardtanh(self, min_val=-1, max_val=1):
     return jnp.clip(self, min_val, max_val).astype(self.dtype)
 
