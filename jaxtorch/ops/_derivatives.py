@@ -147,8 +147,3 @@ def torch_derivative(rule: Rule, wrt: str | Sequence[str] | None = None) -> Call
         return wrapped
 
     return decorator
-
-
-def gather_tangent(t, indices, axis: int):
-    """The tangent of values picked from `t`'s input at `indices` along `axis` (torch's index)."""
-    return jnp.take_along_axis(t, indices, axis=axis)

@@ -37,6 +37,7 @@ from jax import lax
 
 from ..bridge.core._checks import check_nonzero_divisor
 from ..bridge.core._dtypes import x64_enabled
+from ._derivatives import torch_derivative
 from ._semantics import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
@@ -48,7 +49,6 @@ from ._semantics import (
     is_array,
     to_float,
 )
-from ._derivatives import torch_derivative
 from .registry import register
 
 aten = torch.ops.aten
@@ -250,8 +250,25 @@ def _int_pow(a, b):
     return jnp.where(b < 0, neg, pos)
 
 
+def _pow_derivative(ts, out, a, b):
+    """torch's `pow_backward_self` / `pow_backward_exponent`: 0 w.r.t. `a` where `b == 0` (0 ** 0
+    included), 0 w.r.t. `b` where `a == 0` and `b >= 0` (JAX's rule gives NaN at 0 ** 0)."""
+    ta, tb = ts
+    t_out = None
+    if ta is not None:
+        safe_b = jnp.where(b == 0, jnp.ones((), out.dtype), b)
+        t_out = ta * jnp.where(b == 0, jnp.zeros((), out.dtype), safe_b * jnp.power(a, safe_b - 1))
+    if tb is not None:
+        zero = (a == 0) & (jnp.real(b) >= 0) if _is_complex(b) else (a == 0) & (b >= 0)
+        safe_a = jnp.where(zero, jnp.ones((), out.dtype), a)
+        t_b = tb * jnp.where(zero, jnp.zeros((), out.dtype), out * jnp.log(safe_a))
+        t_out = t_b if t_out is None else t_out + t_b
+    return t_out
+
+
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 @elementwise(DEFAULT)
+@torch_derivative(_pow_derivative, wrt=("a", "b"))
 def power(a, b):
     """`a ** b` with torch's integer and zero-exponent semantics."""
     if _is_int(a) and _is_int(b):
@@ -324,8 +341,15 @@ def lerp(a, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, a + weight * diff, end - diff * (1 - weight))
 
 
+def _copysign_derivative(t, out, a, b):
+    """torch's `copysign_tensor_self_backward`: `out / a`, 0 where `a == 0`."""
+    zero = a == 0
+    return t * jnp.where(zero, jnp.zeros((), out.dtype), out / jnp.where(zero, jnp.ones((), out.dtype), a))
+
+
 @register(aten.copysign.Tensor, aten.copysign.Scalar)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_copysign_derivative)
 def copysign(a, b):
     """`|a|` with the sign bit of `b`."""
     ref = _first_array(a, b)
@@ -654,8 +678,18 @@ for _op, _f in _SIMPLE.items():
     register(_op)(_make_unary(_f))
 
 
+def _atan2_derivative(ts, out, a, b):
+    """torch's `atan2_backward`, 0 at the origin (JAX's rule gives NaN there)."""
+    den = a * a + b * b
+    inv = jnp.where(den == 0, jnp.zeros((), out.dtype), 1 / jnp.where(den == 0, jnp.ones((), out.dtype), den))
+    ta, tb = ts
+    parts = [t * f for t, f in ((ta, b * inv), (tb, -a * inv)) if t is not None]
+    return sum(parts[1:], parts[0])
+
+
 @register(aten.atan2.default, aten.arctan2.default)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_atan2_derivative, wrt=("a", "b"))
 def atan2(a, b):
     """The angle of the point `(b, a)`."""
     return jnp.arctan2(a, b)

@@ -35,8 +35,8 @@ from jax import lax
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
+from ._derivatives import torch_derivative
 from ._semantics import binary, broadcast_to, category, result_type
-from ._derivatives import gather_tangent, torch_derivative
 from .registry import keep_whole, register
 
 aten = torch.ops.aten
@@ -254,17 +254,34 @@ def _max_pool_indices(x, lead, pads, window, strides, wdil, low):
     return ind
 
 
+def _picked_by_index(n: int):
+    """The derivative of a max-pool with indices, torch's: each output's tangent is the input's
+    tangent at the flat spatial index it returned (ties go to torch's index, not split)."""
+
+    def rule(t, out, self, *args, **kwargs):
+        ind = out[1]
+        lead = self.ndim - n
+        flat = t.reshape(t.shape[:lead] + (-1,))
+        picked = jnp.take_along_axis(flat, ind.reshape(ind.shape[:lead] + (-1,)).astype(jnp.int32), axis=-1)
+        return picked.reshape(ind.shape), None
+
+    return rule
+
+
 @register(aten.max_pool2d_with_indices.default)
+@torch_derivative(_picked_by_index(2))
 def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @register(aten.max_pool3d_with_indices.default)
+@torch_derivative(_picked_by_index(3))
 def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @register(aten.max_pool1d_with_indices.default)
+@torch_derivative(_picked_by_index(1))
 def max_pool1d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 1, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -468,16 +485,19 @@ def _adaptive_max(x, output_size, n):
 
 
 @register(aten.adaptive_max_pool2d.default)
+@torch_derivative(_picked_by_index(2))
 def adaptive_max_pool2d(self, output_size):
     return _adaptive_max(self, output_size, 2)
 
 
 @register(aten.adaptive_max_pool3d.default)
+@torch_derivative(_picked_by_index(3))
 def adaptive_max_pool3d(self, output_size):
     return _adaptive_max(self, output_size, 3)
 
 
 @register(aten.adaptive_max_pool1d.default)
+@torch_derivative(_picked_by_index(1))
 def adaptive_max_pool1d(self, output_size):
     return _adaptive_max(self, output_size, 1)
 
