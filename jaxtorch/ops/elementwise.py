@@ -378,8 +378,15 @@ def nextafter(a, b):
     return _nextafter(_like(a, ref), _like(b, ref))
 
 
+def _ratio_derivative(ts, out, a, b):
+    """torch's `hypot` backward, `grad * a / out` and `grad * b / out` (NaN at the origin, as torch)."""
+    parts = [t * (v / out) for t, v in zip(ts, (a, b)) if t is not None]
+    return sum(parts[1:], parts[0])
+
+
 @register(aten.hypot.default)
 @elementwise(DEFAULT)
+@torch_derivative(_ratio_derivative, wrt=("a", "b"))
 def hypot(a, b):
     """`sqrt(a**2 + b**2)` without overflow."""
     return jnp.hypot(a, b)
@@ -396,8 +403,26 @@ def _safe_log(x, bad):
     return jnp.log(jnp.where(bad, jnp.ones_like(x), x))
 
 
+def _xlog_derivative(log, shift):
+    """torch's `xlogy`/`xlog1py` backward: `grad * xlogy(x != 0, y)` for `x` (0 where `x == 0`),
+    `grad * x / (y + shift)` for `y` (NaN at `x == y + shift == 0`, as torch)."""
+
+    def rule(ts, out, x, y):
+        tx, ty = ts
+        parts = []
+        if tx is not None:
+            f = jnp.where(x != 0, log(jnp.asarray(y, out.dtype)), jnp.zeros((), out.dtype))
+            parts.append(tx * jnp.where(jnp.isnan(y), y, f))
+        if ty is not None:
+            parts.append(ty * (x / (y + shift)))
+        return sum(parts[1:], parts[0])
+
+    return rule
+
+
 @register(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_xlog_derivative(jnp.log, 0), wrt=("x", "y"))
 def xlogy(x, y):
     """`x * log(y)`, 0 where `x == 0` (unless `y` is NaN)."""
     ref = _first_array(x, y)
@@ -409,6 +434,7 @@ def xlogy(x, y):
 
 @register(aten.special_xlog1py.default, aten.special_xlog1py.self_scalar, aten.special_xlog1py.other_scalar)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_xlog_derivative(jnp.log1p, 1), wrt=("x", "y"))
 def xlog1py(x, y):
     """`x * log1p(y)`, 0 where `x == 0` (unless `y` is NaN)."""
     ref = _first_array(x, y)
@@ -718,8 +744,17 @@ def rad2deg(a):
     return a * (180.0 / math.pi)
 
 
+def _logit_derivative(t, out, a, eps=None):
+    """torch's `logit_backward`: `grad / (a (1 - a))` (inf at 0 and 1), 0 outside `[eps, 1 - eps]`."""
+    f = 1 / (a * (1 - a))
+    if eps is not None:
+        f = jnp.where((a < eps) | (a > 1 - eps), jnp.zeros((), out.dtype), f)
+    return t * f  # a factor of the primal times the tangent: its transpose is NaN-free
+
+
 @register(aten.logit.default)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_logit_derivative)
 def logit(a, eps=None):
     """`log(a / (1 - a))`, with `a` clamped to `[eps, 1 - eps]` when `eps` is given."""
     if eps is not None:
@@ -747,6 +782,7 @@ def spherical_bessel_j0(a):
 
 @register(aten.special_entr.default)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(lambda t, out, a: t * -(1 + jnp.log(a)))  # torch's: inf at 0, NaN below
 def entr(a):
     """`-a log a` for `a > 0`, 0 at 0, -inf below 0."""
     pos = a > 0

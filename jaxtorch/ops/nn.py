@@ -963,6 +963,12 @@ def hardtanh_backward(grad_output, self, min_val, max_val):
     return jnp.where((self <= min_val) | (self >= max_val), 0, grad_output).astype(grad_output.dtype)
 
 
+@register(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def shrink_backward(grad_out, self, lambd):
+    """`grad_out` outside `[-lambd, lambd]`, 0 inside it, bounds included (both shrinks' backward)."""
+    return jnp.where((self >= -lambd) & (self <= lambd), jnp.zeros((), grad_out.dtype), grad_out)
+
+
 @register(aten.threshold.default)
 def threshold(self, threshold, value):
     return jnp.where(self <= threshold, value, self).astype(self.dtype)
