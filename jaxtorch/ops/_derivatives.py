@@ -134,7 +134,7 @@ def torch_derivative(rule: Rule, wrt: str | Sequence[str] | None = None) -> Call
                     _, t_rest = jax.jvp(of_rest, [primals[i] for i in rest], [tangents[i] for i in rest])
                     t_out = jax.tree_util.tree_map(_add, t_out, t_rest, is_leaf=lambda x: x is None)
                 out_leaves, tree = jax.tree_util.tree_flatten(out)
-                t_leaves = tree.flatten_up_to(t_out) if isinstance(out, (tuple, list)) else [t_out]
+                t_leaves = tree.flatten_up_to(type(out)(t_out)) if isinstance(out, (tuple, list)) else [t_out]
                 t_leaves = [
                     _zero_tangent(o) if t is None or not jnp.issubdtype(o.dtype, jnp.inexact) else t.astype(o.dtype)
                     for o, t in zip(out_leaves, t_leaves)
