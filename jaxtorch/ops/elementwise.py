@@ -404,15 +404,16 @@ def _safe_log(x, bad):
 
 
 def _xlog_derivative(log, shift):
-    """torch's `xlogy`/`xlog1py` backward: `grad * xlogy(x != 0, y)` for `x` (0 where `x == 0`),
-    `grad * x / (y + shift)` for `y` (NaN at `x == y + shift == 0`, as torch)."""
+    """torch's `xlogy`/`xlog1py` backward: `log(y + shift)` for `x`, 0 where `x == 0` and
+    `y + shift <= 0`; `x / (y + shift)` for `y` (NaN at `x == y + shift == 0`, as torch)."""
 
     def rule(ts, out, x, y):
         tx, ty = ts
         parts = []
         if tx is not None:
-            f = jnp.where(x != 0, log(jnp.asarray(y, out.dtype)), jnp.zeros((), out.dtype))
-            parts.append(tx * jnp.where(jnp.isnan(y), y, f))
+            masked = (x == 0) & (y <= -shift)
+            f = jnp.where(masked, jnp.zeros((), out.dtype), log(jnp.where(masked, jnp.ones((), out.dtype), y)))
+            parts.append(tx * f)
         if ty is not None:
             parts.append(ty * (x / (y + shift)))
         return sum(parts[1:], parts[0])
@@ -745,9 +746,12 @@ def rad2deg(a):
 
 
 def _logit_derivative(t, out, a, eps=None):
-    """torch's `logit_backward`: `grad / (a (1 - a))` (inf at 0 and 1), 0 outside `[eps, 1 - eps]`."""
+    """torch's `logit_backward`: `grad / (a (1 - a))` (inf at 0 and 1); outside `[eps, 1 - eps]` 0,
+    or without `eps` NaN outside `[0, 1]`."""
     f = 1 / (a * (1 - a))
-    if eps is not None:
+    if eps is None:  # torch's kernel: NaN outside [0, 1]
+        f = jnp.where((a < 0) | (a > 1), jnp.full((), jnp.nan, out.dtype), f)
+    else:
         f = jnp.where((a < eps) | (a > 1 - eps), jnp.zeros((), out.dtype), f)
     return t * f  # a factor of the primal times the tangent: its transpose is NaN-free
 
