@@ -679,7 +679,8 @@ _SIMPLE = {
     aten.erfc.default: lax.erfc,
     aten.erfinv.default: lax.erf_inv,
     aten.special_erfcx.default: jss.erfcx,
-    aten.lgamma.default: lax.lgamma,
+    # torch's derivative `grad * digamma(x)`: -inf at 0 (JAX's rule gives NaN there)
+    aten.lgamma.default: torch_derivative(lambda t, out, x: t * digamma(x))(lax.lgamma),
     aten.i0.default: _i0,
     aten.special_i0e.default: jss.i0e,
     aten.special_i1.default: jss.i1,

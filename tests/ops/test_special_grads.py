@@ -6,7 +6,9 @@ Two parts:
   entry at snapped sample inputs, JAX-first (`jax.grad` through `call_torch`) and torch-first
   (`loss.backward()` on the `jax` device), against CPU torch, with a two-way expected list
   (`special_grads_expected.txt`: an unlisted failure fails, and so does a listed entry that
-  passes). The whole sweep is `slow`; a representative subset runs by default.
+  passes). The whole sweep (about 25 minutes on 2 cores) is marked `slow` and runs only with
+  `JAXTORCH_SLOW=1`; the representative subset `QUICK` runs by default:
+  `JAXTORCH_SLOW=1 python -m pytest -q tests/ops/test_special_grads.py -m slow`.
 - focused tests of the named examples, JAX-first, torch-first, and forward mode (`jax.jvp`)
   for the elementwise ones, plus the mechanism itself (`jaxtorch.ops._derivatives`) under
   `jax.jit`, `jax.vmap`, `jax.jacfwd` and `jax.hessian`.
@@ -14,6 +16,7 @@ Two parts:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import jax
@@ -53,6 +56,9 @@ QUICK = {
 }
 
 
+_SLOW_ONLY = pytest.mark.skipif(not os.environ.get("JAXTORCH_SLOW"), reason="the full sweep: set JAXTORCH_SLOW=1")
+
+
 def test_expected_names_real_entries():
     unknown = [f"{m} {e}" for (m, e) in EXPECTED if e not in ENTRIES or m not in checker.MODES]
     assert not unknown, f"{EXPECTED_FILE.name} names unknown entries: {unknown}"
@@ -61,7 +67,7 @@ def test_expected_names_real_entries():
 def _cases():
     for mode in checker.MODES:
         for eid in ENTRIES:
-            marks = () if eid in QUICK else (pytest.mark.slow,)
+            marks = () if eid in QUICK else (pytest.mark.slow, _SLOW_ONLY)
             yield pytest.param(mode, eid, id=f"{mode}-{eid}", marks=marks)
 
 
