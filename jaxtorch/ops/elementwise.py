@@ -38,6 +38,7 @@ from jax import lax
 from ..bridge.core._checks import check_nonzero_divisor
 from ..bridge.core._dtypes import x64_enabled
 from ._accumulate import opmath
+from ._derivatives import torch_derivative
 from ._semantics import (
     ALWAYS_BOOL,
     COMPLEX_TO_FLOAT,
@@ -271,8 +272,25 @@ def _int_pow(a, b):
     return jnp.where(b < 0, neg, pos)
 
 
+def _pow_derivative(ts, out, a, b):
+    """torch's `pow_backward_self` / `pow_backward_exponent`: 0 w.r.t. `a` where `b == 0` (0 ** 0
+    included), 0 w.r.t. `b` where `a == 0` and `b >= 0` (JAX's rule gives NaN at 0 ** 0)."""
+    ta, tb = ts
+    t_out = None
+    if ta is not None:
+        safe_b = jnp.where(b == 0, jnp.ones((), out.dtype), b)
+        t_out = ta * jnp.where(b == 0, jnp.zeros((), out.dtype), safe_b * jnp.power(a, safe_b - 1))
+    if tb is not None:
+        zero = (a == 0) & (jnp.real(b) >= 0) if _is_complex(b) else (a == 0) & (b >= 0)
+        safe_a = jnp.where(zero, jnp.ones((), out.dtype), a)
+        t_b = tb * jnp.where(zero, jnp.zeros((), out.dtype), out * jnp.log(safe_a))
+        t_out = t_b if t_out is None else t_out + t_b
+    return t_out
+
+
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 @elementwise(DEFAULT)
+@torch_derivative(_pow_derivative, wrt=("a", "b"))
 def power(a, b):
     """`a ** b` with torch's integer and zero-exponent semantics."""
     if _is_int(a) and _is_int(b):
@@ -348,8 +366,15 @@ def lerp(a, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, a + weight * diff, end - diff * (1 - weight))
 
 
+def _copysign_derivative(t, out, a, b):
+    """torch's `copysign_tensor_self_backward`: `out / a`, 0 where `a == 0`."""
+    zero = a == 0
+    return t * jnp.where(zero, jnp.zeros((), out.dtype), out / jnp.where(zero, jnp.ones((), out.dtype), a))
+
+
 @register(aten.copysign.Tensor, aten.copysign.Scalar)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_copysign_derivative)
 def copysign(a, b):
     """`|a|` with the sign bit of `b`."""
     ref = _first_array(a, b)
@@ -378,8 +403,15 @@ def nextafter(a, b):
     return _nextafter(_like(a, ref), _like(b, ref))
 
 
+def _ratio_derivative(ts, out, a, b):
+    """torch's `hypot` backward, `grad * a / out` and `grad * b / out` (NaN at the origin, as torch)."""
+    parts = [t * (v / out) for t, v in zip(ts, (a, b)) if t is not None]
+    return sum(parts[1:], parts[0])
+
+
 @register(aten.hypot.default)
 @elementwise(DEFAULT)
+@torch_derivative(_ratio_derivative, wrt=("a", "b"))
 def hypot(a, b):
     """`sqrt(a**2 + b**2)` without overflow."""
     return jnp.hypot(a, b)
@@ -396,8 +428,27 @@ def _safe_log(x, bad):
     return jnp.log(jnp.where(bad, jnp.ones_like(x), x))
 
 
+def _xlog_derivative(log, shift):
+    """torch's `xlogy`/`xlog1py` backward: `log(y + shift)` for `x`, 0 where `x == 0` and
+    `y + shift <= 0`; `x / (y + shift)` for `y` (NaN at `x == y + shift == 0`, as torch)."""
+
+    def rule(ts, out, x, y):
+        tx, ty = ts
+        parts = []
+        if tx is not None:
+            masked = (x == 0) & (y <= -shift)
+            f = jnp.where(masked, jnp.zeros((), out.dtype), log(jnp.where(masked, jnp.ones((), out.dtype), y)))
+            parts.append(tx * f)
+        if ty is not None:
+            parts.append(ty * (x / (y + shift)))
+        return sum(parts[1:], parts[0])
+
+    return rule
+
+
 @register(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_xlog_derivative(jnp.log, 0), wrt=("x", "y"))
 def xlogy(x, y):
     """`x * log(y)`, 0 where `x == 0` (unless `y` is NaN)."""
     ref = _first_array(x, y)
@@ -409,6 +460,7 @@ def xlogy(x, y):
 
 @register(aten.special_xlog1py.default, aten.special_xlog1py.self_scalar, aten.special_xlog1py.other_scalar)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_xlog_derivative(jnp.log1p, 1), wrt=("x", "y"))
 def xlog1py(x, y):
     """`x * log1p(y)`, 0 where `x == 0` (unless `y` is NaN)."""
     ref = _first_array(x, y)
@@ -506,8 +558,16 @@ def fmin(a, b):
 # ---------------------------------------------------------------------------------------
 # sign, rounding
 # ---------------------------------------------------------------------------------------
+def _abs_derivative(t, out, a):
+    """torch's `abs` backward, `grad * sgn(a)`: 0 at 0 (JAX's rule gives 1)."""
+    if jnp.iscomplexobj(a):
+        return jnp.real(jnp.conj(sgn(a)) * t)
+    return t * jnp.sign(a)
+
+
 @register(aten.abs.default)
 @elementwise(COMPLEX_TO_FLOAT)
+@torch_derivative(_abs_derivative)
 def absolute(a):
     """`|a|` (complex -> its real dtype)."""
     return a if _is_bool(a) else jnp.abs(a)
@@ -644,7 +704,8 @@ _SIMPLE = {
     aten.erfc.default: lax.erfc,
     aten.erfinv.default: lax.erf_inv,
     aten.special_erfcx.default: jss.erfcx,
-    aten.lgamma.default: lax.lgamma,
+    # torch's derivative `grad * digamma(x)`: -inf at 0 (JAX's rule gives NaN there)
+    aten.lgamma.default: torch_derivative(lambda t, out, x: t * digamma(x))(lax.lgamma),
     aten.i0.default: _i0,
     aten.special_i0e.default: jss.i0e,
     aten.special_i1.default: jss.i1,
@@ -670,8 +731,18 @@ for _op, _f in _SIMPLE.items():
     register(_op)(_make_unary(_f))
 
 
+def _atan2_derivative(ts, out, a, b):
+    """torch's `atan2_backward`, 0 at the origin (JAX's rule gives NaN there)."""
+    den = a * a + b * b
+    inv = jnp.where(den == 0, jnp.zeros((), out.dtype), 1 / jnp.where(den == 0, jnp.ones((), out.dtype), den))
+    ta, tb = ts
+    parts = [t * f for t, f in ((ta, b * inv), (tb, -a * inv)) if t is not None]
+    return sum(parts[1:], parts[0])
+
+
 @register(aten.atan2.default, aten.arctan2.default)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_atan2_derivative, wrt=("a", "b"))
 def atan2(a, b):
     """The angle of the point `(b, a)`."""
     return jnp.arctan2(a, b)
@@ -700,8 +771,20 @@ def rad2deg(a):
     return a * (180.0 / math.pi)
 
 
+def _logit_derivative(t, out, a, eps=None):
+    """torch's `logit_backward`: `grad / (a (1 - a))` (inf at 0 and 1); outside `[eps, 1 - eps]` 0,
+    or without `eps` NaN outside `[0, 1]`."""
+    f = 1 / (a * (1 - a))
+    if eps is None:  # torch's kernel: NaN outside [0, 1]
+        f = jnp.where((a < 0) | (a > 1), jnp.full((), jnp.nan, out.dtype), f)
+    else:
+        f = jnp.where((a < eps) | (a > 1 - eps), jnp.zeros((), out.dtype), f)
+    return t * f  # a factor of the primal times the tangent: its transpose is NaN-free
+
+
 @register(aten.logit.default)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(_logit_derivative)
 def logit(a, eps=None):
     """`log(a / (1 - a))`, with `a` clamped to `[eps, 1 - eps]` when `eps` is given."""
     if eps is not None:
@@ -729,6 +812,7 @@ def spherical_bessel_j0(a):
 
 @register(aten.special_entr.default)
 @elementwise(INT_TO_FLOAT)
+@torch_derivative(lambda t, out, a: t * -(1 + jnp.log(a)))  # torch's: inf at 0, NaN below
 def entr(a):
     """`-a log a` for `a > 0`, 0 at 0, -inf below 0."""
     pos = a > 0

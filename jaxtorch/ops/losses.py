@@ -27,6 +27,7 @@ from jax import lax
 
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check
+from ._derivatives import torch_derivative
 from ._semantics import result_type
 from .nn import _opmath, _vjp
 from .registry import keep_whole, register
@@ -225,7 +226,14 @@ def _bce(x, y, weight):
     return loss if weight is None else loss * weight
 
 
+def _bce_derivative(t, out, self, target, weight=None, reduction=1):
+    """torch's `binary_cross_entropy_backward` closed form (finite at p = 0 and 1, where the VJP of
+    the clamped logs is NaN), applied to the input's tangent."""
+    return _reduce(binary_cross_entropy_backward(jnp.ones((), self.dtype), self, target, weight, 0) * t, reduction)
+
+
 @register(aten.binary_cross_entropy.default)
+@torch_derivative(_bce_derivative)
 def binary_cross_entropy(self, target, weight=None, reduction=1):
     return _reduce(_bce(self, target, weight), reduction).astype(self.dtype)
 

@@ -37,6 +37,7 @@ from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
 from ._accumulate import accumulation_dtype, is_half, opmath, upcast
 from ._accumulate import upcast as _opmath
+from ._derivatives import torch_derivative
 from ._semantics import binary, broadcast_to, category, result_type
 from .registry import keep_whole, register
 
@@ -295,17 +296,34 @@ def _max_pool_indices(x, lead, pads, window, strides, wdil, low):
     return ind
 
 
+def _picked_by_index(n: int):
+    """The derivative of a max-pool with indices, torch's: each output's tangent is the input's
+    tangent at the flat spatial index it returned (ties go to torch's index, not split)."""
+
+    def rule(t, out, self, *args, **kwargs):
+        ind = out[1]
+        lead = self.ndim - n
+        flat = t.reshape(t.shape[:lead] + (-1,))
+        picked = jnp.take_along_axis(flat, ind.reshape(ind.shape[:lead] + (-1,)).astype(jnp.int32), axis=-1)
+        return picked.reshape(ind.shape), None
+
+    return rule
+
+
 @register(aten.max_pool2d_with_indices.default)
+@torch_derivative(_picked_by_index(2))
 def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @register(aten.max_pool3d_with_indices.default)
+@torch_derivative(_picked_by_index(3))
 def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @register(aten.max_pool1d_with_indices.default)
+@torch_derivative(_picked_by_index(1))
 def max_pool1d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 1, kernel_size, stride, padding, dilation, ceil_mode, True)
 
@@ -509,16 +527,19 @@ def _adaptive_max(x, output_size, n):
 
 
 @register(aten.adaptive_max_pool2d.default)
+@torch_derivative(_picked_by_index(2))
 def adaptive_max_pool2d(self, output_size):
     return _adaptive_max(self, output_size, 2)
 
 
 @register(aten.adaptive_max_pool3d.default)
+@torch_derivative(_picked_by_index(3))
 def adaptive_max_pool3d(self, output_size):
     return _adaptive_max(self, output_size, 3)
 
 
 @register(aten.adaptive_max_pool1d.default)
+@torch_derivative(_picked_by_index(1))
 def adaptive_max_pool1d(self, output_size):
     return _adaptive_max(self, output_size, 1)
 
@@ -857,8 +878,10 @@ def _elu(x, alpha=1, scale=1, input_scale=1):
 register(aten.gelu.default)(_act(_gelu))
 register(aten.silu.default)(_act(_silu))
 register(aten.mish.default)(_act(_mish))
-register(aten.hardswish.default)(_act(_hardswish))
-register(aten.hardsigmoid.default)(_act(_hardsigmoid))
+register(aten.hardswish.default)(torch_derivative(lambda t, out, self: hardswish_backward(t, self))(_act(_hardswish)))
+register(aten.hardsigmoid.default)(
+    torch_derivative(lambda t, out, self: hardsigmoid_backward(t, self))(_act(_hardsigmoid))
+)
 register(aten.softplus.default)(_act(_softplus))
 register(aten.elu.default)(_act(_elu))
 
@@ -893,7 +916,8 @@ register(aten.softplus_backward.default)(_act_backward(_softplus))
 
 @register(aten.hardswish_backward.default)
 def hardswish_backward(grad_output, self):
-    g = jnp.where(self < -3, 0, jnp.where(self <= 3, self / 3 + 0.5, 1))
+    # torch's CPU kernel: 0 up to -3 included, x / 3 + 1/2 inside, 1 from 3 included
+    g = jnp.where(self <= -3, 0, jnp.where(self < 3, self / 3 + 0.5, 1))
     return (grad_output * g).astype(grad_output.dtype)
 
 
@@ -924,6 +948,7 @@ def selu(self):
 
 
 @register(aten.relu.default)
+@torch_derivative(lambda t, out, self: threshold_backward(t, out, 0))
 def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype)) if self.dtype != jnp.bool_ else self
 
@@ -970,6 +995,7 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
 
 
 @register(aten.hardtanh.default)
+@torch_derivative(lambda t, out, self, min_val=-1, max_val=1: hardtanh_backward(t, self, min_val, max_val))
 def hardtanh(self, min_val=-1, max_val=1):
     return jnp.clip(self, min_val, max_val).astype(self.dtype)
 
@@ -977,6 +1003,12 @@ def hardtanh(self, min_val=-1, max_val=1):
 @register(aten.hardtanh_backward.default)
 def hardtanh_backward(grad_output, self, min_val, max_val):
     return jnp.where((self <= min_val) | (self >= max_val), 0, grad_output).astype(grad_output.dtype)
+
+
+@register(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def shrink_backward(grad_out, self, lambd):
+    """`grad_out` outside `[-lambd, lambd]`, 0 inside it, bounds included (both shrinks' backward)."""
+    return jnp.where((self >= -lambd) & (self <= lambd), jnp.zeros((), grad_out.dtype), grad_out)
 
 
 @register(aten.threshold.default)
