@@ -837,3 +837,10 @@ def pdist(x, p=2.0):
     n = x.shape[0]
     i, j = np.triu_indices(n, k=1)
     return _pnorm_dist(x[i] - x[j], p)
+
+
+@register(aten._pdist_backward.default)
+def pdist_backward(grad, x, p, pdist_result):
+    """torch-first `torch.pdist` backward: the VJP of `pdist` above."""
+    _, pull = jax.vjp(lambda a: pdist(a, p), x)
+    return pull(grad.astype(x.dtype))[0]
