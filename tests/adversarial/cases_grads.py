@@ -303,3 +303,14 @@ def _once_first():
     _same(lambda t: Once.apply(t).sum(), X)
     with pytest.raises(jaxtorch.OnceDifferentiableError):
         jax.hessian(lambda a: jaxtorch.call_torch(lambda t: Once.apply(t).sum(), a))(X)
+
+
+@case("grads/write_into_detached_alias_with_grad_on")
+def _detached_alias_write():
+    def f(t, u):
+        x = t * 2
+        d = x.detach()
+        d.add_(u * 3)  # torch: x keeps its derivative, d now carries u's
+        return (d * 5).sum() + (x * x).sum()
+
+    _same(f, X, X + 1)
