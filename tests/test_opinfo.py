@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.expected import load_expected
+from tests.expected import check_listed, load_expected
 from tests.opinfo import harness
 
 EXPECTED_FILE = Path(__file__).parent / "opinfo" / "expected_failures.txt"
@@ -35,11 +35,4 @@ def test_expected_failures_name_real_entries():
 @pytest.mark.parametrize("mode,eid", list(_cases()))
 def test_opinfo(mode, eid):
     ok, reason = harness.run_entry(ENTRIES[eid], mode)
-    listed = (mode, eid) in EXPECTED
-    if ok is None:
-        assert not listed, f"{mode} {eid} is listed as failing but has nothing to test ({reason})"
-        return
-    if ok:
-        assert not listed, f"{mode} {eid} now passes: remove it from {EXPECTED_FILE.name}"
-    else:
-        assert listed, f"{mode} {eid} fails and is not in {EXPECTED_FILE.name}: {reason}"
+    check_listed(mode, eid, ok, reason, EXPECTED, EXPECTED_FILE.name)

@@ -5,6 +5,7 @@ inputs, through `call_torch`, `extract`, `torch_module_to_jax`, `jax.jit`, `vmap
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -505,7 +506,7 @@ def _everything_reference():
     return {n: p.grad.numpy() for n, p in ref.named_parameters()}, log
 
 
-@pytest.mark.parametrize("path", ["eager-jax", "compile", "extract", "make_train_step"])
+@pytest.mark.parametrize("path", ["eager-jax", "lazy", "jit-backward", "compile", "extract", "make_train_step"])
 def test_every_path_gives_torchs_gradients(path):
     import optax
 
@@ -517,10 +518,22 @@ def test_every_path_gives_torchs_gradients(path):
     model = Everything(log)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if path in ("eager-jax", "compile"):
+        if path in ("eager-jax", "compile", "lazy"):
             model = model.to("jax")
             run = jaxtorch.compile(model) if path == "compile" else model
-            _everything_loss(run(x.to("jax")), y.to("jax")).backward()
+            with jaxtorch.lazy() if path == "lazy" else contextlib.nullcontext():
+                _everything_loss(run(x.to("jax")), y.to("jax")).backward()
+            got = {n: p.grad.cpu().numpy() for n, p in model.named_parameters()}
+        elif path == "jit-backward":
+            model = model.to("jax")
+
+            @jaxtorch.jit
+            def step(m, a, b):
+                loss = _everything_loss(m(a), b)
+                loss.backward()
+                return loss
+
+            step(model, x.to("jax"), y.to("jax"))
             got = {n: p.grad.cpu().numpy() for n, p in model.named_parameters()}
         elif path == "extract":
             params, fn = jaxtorch.extract(model)

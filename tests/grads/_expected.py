@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.expected import load_expected
+from tests.expected import check_listed, load_expected
 
 EXPECTED_FILE = Path(__file__).parent / "expected_failures.txt"
 EXPECTED = load_expected(EXPECTED_FILE)
@@ -31,8 +31,4 @@ def outcome(run: Callable[[], None]) -> str | None:
 
 def check(path: str, name: str, run: Callable[[], None]) -> None:
     failure = outcome(run)
-    listed = (path, name) in EXPECTED
-    if failure is None:
-        assert not listed, f"{path} {name} now passes: remove it from {EXPECTED_FILE.name}"
-    else:
-        assert listed, f"{path} {name} fails and is not in {EXPECTED_FILE.name}: {failure}"
+    check_listed(path, name, failure is None, failure or "", EXPECTED, EXPECTED_FILE.name)

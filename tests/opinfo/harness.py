@@ -227,6 +227,13 @@ def run_sample(op, sample, mode: str) -> None:
     (ref_grad,) = torch.autograd.grad(loss, t_leaves[k], allow_unused=True)
     if ref_grad is None:
         ref_grad = torch.zeros_like(t_leaves[k])
+    got = jax_first_grad(fn, arrays, k, grad_pos, len(ref_leaves), cots)
+    _compare(ref_grad, got, TOL["grad"], where="grad")
+
+
+def jax_first_grad(fn, arrays: list, k: int, grad_pos: list[int], n_outs: int, cots: list):
+    """`jax.grad` w.r.t. `arrays[k]` of `sum(out[i] * cot)` over the outputs `grad_pos` of `fn(*arrays)`,
+    whose outputs are paired with torch's `n_outs` by leaf position."""
     jcots = [jaxtorch.to_jax(c) for c in cots]
 
     def jloss(x):
@@ -234,12 +241,11 @@ def run_sample(op, sample, mode: str) -> None:
         arrs[k] = x
         out = fn(*arrs)
         all_out = [out] if isinstance(out, jax.Array) else jax.tree_util.tree_leaves(out)
-        if len(all_out) != len(ref_leaves):
-            raise AssertionError(f"grad: {len(all_out)} outputs vs torch {len(ref_leaves)}")
+        if len(all_out) != n_outs:
+            raise AssertionError(f"grad: {len(all_out)} outputs vs torch {n_outs}")
         return sum((all_out[i] * c).sum() for i, c in zip(grad_pos, jcots))
 
-    got = jax.grad(jloss)(arrays[k])
-    _compare(ref_grad, got, TOL["grad"], where="grad")
+    return jax.grad(jloss)(arrays[k])
 
 
 def run_entry(op, mode: str) -> tuple[bool | None, str]:

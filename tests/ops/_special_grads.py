@@ -146,18 +146,7 @@ def run_sample(op, eid: str, sample, kind: str, mode: str) -> None:
     else:
         arrays = [jaxtorch.to_jax(t) for t in tensors]
         fn = harness._jax_fn(op, leaves, spec, pos)
-        jcots = [jaxtorch.to_jax(c) for c in cots]
-
-        def jloss(x):
-            arrs = list(arrays)
-            arrs[k] = x
-            out = fn(*arrs)
-            all_out = [out] if isinstance(out, jax.Array) else jax.tree_util.tree_leaves(out)
-            if len(all_out) != len(ref_leaves):
-                raise AssertionError(f"{len(all_out)} outputs vs torch {len(ref_leaves)}")
-            return sum((all_out[i] * c).sum() for i, c in zip(grad_pos, jcots))
-
-        got = jax.grad(jloss)(arrays[k])
+        got = harness.jax_first_grad(fn, arrays, k, grad_pos, len(ref_leaves), cots)
     harness._compare(ref, got, TOL, where=f"{kind} grad")
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import jaxtorch
 from jaxtorch.ops._derivatives import torch_derivative
-from tests.expected import load_expected
+from tests.expected import check_listed, load_expected
 from tests.ops import _special_grads as checker
 
 EXPECTED_FILE = Path(__file__).parent / "special_grads_expected.txt"
@@ -75,14 +75,7 @@ def _cases():
 @pytest.mark.parametrize("mode,eid", list(_cases()))
 def test_special_points(mode, eid):
     ok, reason = checker.run_entry(ENTRIES[eid], mode)
-    listed = (mode, eid) in EXPECTED
-    if ok is None:
-        assert not listed, f"{mode} {eid} is listed but has nothing to compare ({reason})"
-        return
-    if ok:
-        assert not listed, f"{mode} {eid} now agrees with torch: remove it from {EXPECTED_FILE.name}"
-    else:
-        assert listed, f"{mode} {eid} differs from CPU torch and is not in {EXPECTED_FILE.name}: {reason}"
+    check_listed(mode, eid, ok, reason, EXPECTED, EXPECTED_FILE.name)
 
 
 # ---- the named examples -------------------------------------------------------------------

@@ -343,18 +343,10 @@ class _StopGradient:
 _STOP_GRADIENT = _StopGradient()
 
 
-def detached_view(base: JaxTensor) -> JaxTensor:
-    """`base.detach()`: an alias of `base`'s data that JAX does not differentiate through (under a
-    trace: `lax.stop_gradient`, replayed when the root changes); writes through it keep the root's
-    derivative (`core._autodiff.keep_tangent`), as torch does not record them."""
-    t = make_view(base, stop_gradient(base._raw()), _STOP_GRADIENT)
-    t._jt_detached = True
-    return t
-
-
 def detach_result(t: JaxTensor) -> None:
-    """Make the new result `t` of an op run outside torch's graph (`no_grad`) not differentiated by
-    JAX: a root's data is stopped; a view becomes a detached view of its root."""
+    """Make the new result `t` of an op run outside torch's graph (`no_grad`, `.detach()`, `.data`)
+    not differentiated by JAX: a root's data is stopped; a view becomes a detached view of its root
+    (it replays `stop_gradient(root)`; writes through it keep the root's derivative, see `write`)."""
     base = t._jt_base
     if base is None:
         t._jt_elem = stop_gradient(t._jt_elem)
@@ -425,8 +417,8 @@ def write(t: JaxTensor, value) -> None:
             value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
     root = t._jt_base
     if root is None:
-        if (t._jt_detached or not _grad_enabled()) and (isinstance(value, _Tracer) or isinstance(t._jt_elem, _Tracer)):
-            value = keep_tangent(value, t._jt_elem)  # a write torch does not record
+        if _untracked(t, value, t._jt_elem):
+            value = keep_tangent(value, t._jt_elem)  # a write torch does not record: `t` keeps its derivative
         t._jt_elem = value
         t._jt_version += 1
         if type(value) is _Lazy:
@@ -437,7 +429,7 @@ def write(t: JaxTensor, value) -> None:
     fn = t._jt_view_fn
     assert fn is not None  # (a view always has its function)
     old = root._jt_elem
-    untracked = (t._jt_detached or not _grad_enabled()) and (isinstance(value, _Tracer) or isinstance(old, _Tracer))
+    untracked = _untracked(t, value, old)
     if fn is _STOP_GRADIENT:
         fn = _identity
     if fn is _identity and value.shape == old.shape:
@@ -461,6 +453,12 @@ def write(t: JaxTensor, value) -> None:
         _lazy.track(t)
 
 
+def _untracked(t: JaxTensor, value, old) -> bool:
+    """Whether writing `value` over `old` through `t` is a write torch's autograd does not record
+    (grad mode off, or `t` a detached alias) under a JAX trace: the root then keeps its derivative."""
+    return (t._jt_detached or not _grad_enabled()) and (isinstance(value, _Tracer) or isinstance(old, _Tracer))
+
+
 def write_many(tensors, values) -> None:
     """`write(t, v)` for each pair (a foreach op's in-place results); the common case, a
     root tensor given a value of its own shape and dtype, skips `write`'s per-call work."""
@@ -473,7 +471,7 @@ def write_many(tensors, values) -> None:
         jd = jax_dtypes.get(t.dtype)
         if jd is None:
             jd = jax_dtypes[t.dtype] = to_jax_dtype(t.dtype)
-        if t._jt_base is None and v.dtype == jd and v.shape == t._jt_elem.shape and not isinstance(v, _Tracer):
+        if t._jt_base is None and v.dtype == jd and v.shape == t._jt_elem.shape and not _untracked(t, v, t._jt_elem):
             t._jt_elem = v
             t._jt_version += 1
             if type(v) is _Lazy:
