@@ -2,7 +2,7 @@
 
 One `jaxtorch.jit` train step (forward, `loss.backward()`) of a Llama built from a small
 config (random weights), compiled three ways: no checkpointing, and Hugging Face's
-`gradient_checkpointing_enable()` with `use_reentrant=False` and `True`; then the JAX-first
+`activation_checkpointing_enable()` with `use_reentrant=False` and `True`; then the JAX-first
 path (`extract` + `jax.grad`, as `make_train_step` differentiates) without and with it.
 Two deterministic figures per program, no run needed:
 
@@ -48,7 +48,7 @@ def llama_step(cfg, ids, mode: str):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).train().to("jax")
     if mode != "none":
-        model.gradient_checkpointing_enable({"use_reentrant": mode == "reentrant"})
+        model.activation_checkpointing_enable({"use_reentrant": mode == "reentrant"})
 
     @jaxtorch.jit
     def step(model, ids):
@@ -70,7 +70,7 @@ def jax_first_step(cfg, ids, mode: str):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).train()
     if mode != "none":
-        model.gradient_checkpointing_enable({"use_reentrant": mode == "reentrant"})
+        model.activation_checkpointing_enable({"use_reentrant": mode == "reentrant"})
     params, fn = jaxtorch.extract(model)
     x = jaxtorch.to_jax(ids)
 

@@ -1,5 +1,5 @@
 """Activation checkpointing on the jax device: `torch.utils.checkpoint` (both modes) and
-Hugging Face's `gradient_checkpointing_enable()`, eagerly, lazily and under `jaxtorch.jit`.
+Hugging Face's `activation_checkpointing_enable()`, eagerly, lazily and under `jaxtorch.jit`.
 
 Gradients equal the unchecked run's (dropout included: the recomputation replays the
 forward's random numbers). Under a trace each region is one `jax.checkpoint`: the program
@@ -151,7 +151,7 @@ def test_checkpoint_on_cpu_is_untouched():
     assert x.grad is not None and lin.weight.grad is not None
 
 
-# ---- Hugging Face: gradient_checkpointing_enable() -------------------------------------------
+# ---- Hugging Face: activation_checkpointing_enable() -------------------------------------------
 @pytest.fixture(scope="module")
 def llama_cpu():
     torch.manual_seed(0)
@@ -193,7 +193,7 @@ def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globa
     )
     loss0, g0 = llama_reference
     model = copy.deepcopy(llama_cpu).to("jax")
-    model.gradient_checkpointing_enable({"use_reentrant": reentrant})
+    model.activation_checkpointing_enable({"use_reentrant": reentrant})
     assert model.is_gradient_checkpointing
     ids = _ids().to("jax")
     if where != "jit":
@@ -531,7 +531,7 @@ def test_nested_regions_and_vmap_under_jax_grad():
 
 @pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
 def test_hf_gradient_checkpointing_in_make_train_step_is_remat(llama_cpu, reentrant):
-    """make_train_step of a Llama after gradient_checkpointing_enable(): each decoder layer is a
+    """make_train_step of a Llama after activation_checkpointing_enable(): each decoder layer is a
     jax.checkpoint region in the step, and two SGD steps give the unchecked model's losses and
     weights."""
     import optax
@@ -544,7 +544,7 @@ def test_hf_gradient_checkpointing_in_make_train_step_is_remat(llama_cpu, reentr
     for ckpt in (False, True):
         model = copy.deepcopy(llama_cpu)
         if ckpt:
-            model.gradient_checkpointing_enable({"use_reentrant": reentrant})
+            model.activation_checkpointing_enable({"use_reentrant": reentrant})
         init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.sgd(0.1), jit=False)
         state = init()
         regions = _count(jax.make_jaxpr(lambda s: step(s, {"input_ids": ids, "labels": ids}, None))(state).jaxpr)
@@ -565,7 +565,7 @@ def test_hf_gradient_checkpointing_through_compiled_module_backward(llama_cpu, l
     regions (jax.checkpoint under jax.vjp); the gradients equal eager CPU torch's."""
     loss0, g0 = llama_reference
     model = copy.deepcopy(llama_cpu).to("jax")
-    model.gradient_checkpointing_enable({"use_reentrant": reentrant})
+    model.activation_checkpointing_enable({"use_reentrant": reentrant})
     ids = _ids().to("jax")
     loss = jaxtorch.compile(model)(input_ids=ids, labels=ids).loss
     loss.backward()

@@ -4,7 +4,7 @@ Under a JAX trace (`jaxtorch.jit`, an `extract`ed function under `jax.jit`/`jax.
 `make_train_step`) a checkpointed region on jax tensors becomes one `jax.checkpoint`
 (`_remat`): `checkpoint` below is where torch's function sends its calls. Elsewhere
 torch's own checkpoint runs unchanged (both `use_reentrant=True` and `False`, and Hugging
-Face's `gradient_checkpointing_enable()`, which calls it). For calls whose tensor arguments
+Face's `activation_checkpointing_enable()`, which calls it). For calls whose tensor arguments
 are on the jax device, two things are added where torch's entry points call the function
 they checkpoint (`CheckpointFunction.apply`, `_checkpoint_without_reentrant_generator`):
 

@@ -1,7 +1,7 @@
 """Activation checkpointing under a JAX trace: a checkpointed region becomes one `jax.checkpoint`.
 
 When `torch.utils.checkpoint.checkpoint(fn, *args)` (or Hugging Face's
-`gradient_checkpointing_enable()`, which calls it) runs on jax tensors holding traced values
+`activation_checkpointing_enable()`, which calls it) runs on jax tensors holding traced values
 (inside `jaxtorch.jit`/`compile`, an `extract`ed function under `jax.jit`/`jax.grad`,
 `make_train_step`), `fn` is traced once into a jaxpr and the program runs `jax.checkpoint` of
 that jaxpr, so only the region's inputs are kept for the backward:
@@ -24,7 +24,7 @@ Example:
     ```python
     @jaxtorch.jit
     def step(model, ids):
-        loss = model(input_ids=ids, labels=ids).loss   # after model.gradient_checkpointing_enable()
+        loss = model(input_ids=ids, labels=ids).loss   # after model.activation_checkpointing_enable()
         loss.backward()                                # each layer is a jax.checkpoint
         return loss
     ```
