@@ -225,7 +225,7 @@ def _assign(model: torch.nn.Module, targets: Mapping[str, torch.Tensor], made: M
             continue
         owner, _, leaf = name.rpartition(".")
         module = model.get_submodule(owner)
-        slots = module._parameters if leaf in module._parameters else module._buffers
+        slots: dict[str, Any] = module._parameters if leaf in module._parameters else module._buffers
         slots[leaf] = new
 
 
