@@ -428,8 +428,8 @@ def _explicit_weights_name(directory: Path) -> str | None:
     name = config.get("transformers_weights") if isinstance(config, dict) else None
     if name is None:
         return None
-    inside = Path(os.path.abspath(directory / name)).is_relative_to(os.path.abspath(directory))
-    if not isinstance(name, str) or not name.endswith((".safetensors", ".safetensors.index.json")) or not inside:
+    safetensors_name = isinstance(name, str) and name.endswith((".safetensors", ".safetensors.index.json"))
+    if not safetensors_name or not Path(os.path.abspath(directory / name)).is_relative_to(os.path.abspath(directory)):
         raise CheckpointError(
             f"load_params: {directory / 'config.json'} names transformers_weights={name!r}, which is not a "
             "safetensors file or index inside the directory (from_pretrained refuses it too)"
