@@ -380,6 +380,40 @@ def _params_into_meta_save():
     _as_from_pretrained(_llama(0), d)
 
 
+@case("loading/save/bin_saved_from_a_jax_model_loads_with_load_params")
+def _bin_from_jax():
+    d = _tmp()
+    torch.save(copy.deepcopy(_llama(0)).to("jax").state_dict(), d / "pytorch_model.bin")
+    _llama(0).config.save_pretrained(d)
+    _as_from_pretrained(_llama(0), d)
+
+
+@case("loading/dtype/bfloat16_model_as_from_pretrained_with_dtype")
+def _bf16_model():
+    import transformers
+
+    d = _folder(_llama(0))
+    ref = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(_llama(0).config).to(torch.bfloat16)
+    params, _ = jaxtorch.load_params(meta, d)
+    for name, value in ref.state_dict().items():
+        if name in params:
+            assert params[name].dtype == jnp.bfloat16, name
+            equal(np.asarray(params[name]).astype(np.float32), value.float().numpy())
+
+
+@case("loading/save/torch_load_map_location_jax_then_load_params_folder_agree")
+def _map_location_jax():
+    d = _tmp()
+    torch.save(_sd(_llama(0)), d / "pytorch_model.bin")
+    on_jax = torch.load(d / "pytorch_model.bin", map_location="jax", weights_only=True)
+    _llama(0).config.save_pretrained(d)
+    params, _ = jaxtorch.load_params(_meta(_llama(0)), d)
+    for name, value in params.items():
+        equal(np.asarray(value), on_jax[name].cpu().numpy())
+
+
 # ---- load_into ------------------------------------------------------------------------------------
 @case("loading/into/meta_model_forward_matches_the_reference")
 def _into_meta_forward():
