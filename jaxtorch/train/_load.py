@@ -1,20 +1,23 @@
 """`load_params`: a torch / Hugging Face checkpoint straight into (sharded) JAX arrays.
 
-Reads a `.safetensors` file, a Hugging Face directory (`model.safetensors`, shards with
-`model.safetensors.index.json`, or `pytorch_model.bin[.index.json]`), or a torch `.bin`/`.pt`
-state dict (`torch.load(weights_only=True)` only: nothing in the file is executed). Each array
-is built with `jax.make_array_from_callback`: for every device of this process the callback
-reads only that device's slice (safetensors: `os.preadv` of exactly the slice's bytes, no
-memory map), converts its dtype and hands it to JAX, so the host never holds more than the
-arrays this process's devices hold plus one slice in flight.
+Reads a `.safetensors` file, a Hugging Face directory (the one file `from_pretrained` reads
+there, in its order: `model.safetensors`, `model.safetensors.index.json` and its shards,
+`pytorch_model.bin`, `pytorch_model.bin.index.json`), or a torch `.bin`/`.pt` state dict
+(`torch.load(weights_only=True)` only: nothing in the file is executed). Each array is built
+with `jax.make_array_from_callback`: for every device of this process the callback reads only
+that device's slice (safetensors: `os.preadv` of exactly the slice's bytes, no memory map),
+converts its dtype and hands it to JAX, so the host never holds more than the arrays this
+process's devices hold plus one slice in flight.
 
 Names map as the model's `load_state_dict` (and `from_pretrained`) would: tied weights are
 one entry (under the first name `named_parameters` gives; a file holding either name fills
 it), Hugging Face's key renames (`LayerNorm.gamma`, `_checkpoint_conversion_mapping`,
 `model.` / `base_model_prefix` added or stripped) apply, and non-persistent buffers (rotary
 `inv_freq`), which checkpoints never hold, are computed from the module's own code
-(`bridge/state/_meta.py`). Names missing from or unexpected in the file, and shape
-mismatches, raise one `CheckpointKeysError` listing them all.
+(`bridge/state/_meta.py`). Shape mismatches raise one `CheckpointKeysError` listing them all;
+names missing from or unexpected in the file too when strict (`strict=`; by default as the
+model's own loader: lenient for a Hugging Face model, as `from_pretrained`, which reports
+them: a `CheckpointKeysWarning`; strict for other modules, as `load_state_dict`).
 
 Example:
     ```python
