@@ -52,7 +52,9 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
     - `model`: a Hugging Face causal LM (its config gives layers, heads and head size).
     - `batch_size`, `max_cache_len`: the cache's fixed sizes (prompt plus new tokens).
 
-    **Returns:** a `StaticCache` whose tensors are `jax.Array`s (zeros, length 0).
+    **Returns:** a `StaticCache` whose tensors are `jax.Array`s (zeros, length 0). Its layers
+    are all full-length: a sliding-window layer's Python position counter would change the
+    pytree at every step; the model's sliding-window mask keeps attention to the window.
 
     **Example:**
         ```python
@@ -63,7 +65,7 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
         out = jax.jit(fn)(params, jnp.array([[5, 6, 7]]), cache=cache)  # out.cache: the filled cache
         ```
     """
-    from transformers.cache_utils import StaticCache
+    from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
 
     config: Any = model.config
     cfg = config.get_text_config(decoder=True)
@@ -71,6 +73,13 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     dtype = next(model.parameters()).dtype
     cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    # a sliding-window (or chunked) layer counts its length in a Python int that each step changes, so a
+    # loop cannot carry it: such layers get a full-length layer, and the model's own sliding-window mask
+    # hides the keys outside the window (the attention generate computes, over the same keys)
+    cache.layers = [
+        StaticLayer(max_cache_len=max_cache_len) if isinstance(layer, StaticSlidingWindowLayer) else layer
+        for layer in cache.layers
+    ]
     cache.early_initialization(batch_size, heads, head_dim, dtype, JAX_DEVICE)
     layer: Any
     for layer in cache.layers:  # the position counter, made on the CPU, joins the others
@@ -204,6 +213,12 @@ def greedy_decoder(
             raise ValueError(
                 f"greedy_decoder: `input_ids` must be integer token ids of shape (batch, length); got "
                 f"{ids.dtype} {tuple(ids.shape)}"
+            )
+        if ids.shape[1] == 0:
+            raise ValueError(
+                f"greedy_decoder: `input_ids` of shape {tuple(ids.shape)} holds no token; a decoder-only model needs "
+                "at least one token to predict from (`generate` fails on an empty prompt too): start each prompt "
+                "with the tokenizer's beginning-of-sequence id (`tokenizer.bos_token_id`)."
             )
         if ids.shape[1] + max_new_tokens > max_cache_len:
             raise ValueError(

@@ -1,20 +1,23 @@
 """`load_params`: a torch / Hugging Face checkpoint straight into (sharded) JAX arrays.
 
-Reads a `.safetensors` file, a Hugging Face directory (`model.safetensors`, shards with
-`model.safetensors.index.json`, or `pytorch_model.bin[.index.json]`), or a torch `.bin`/`.pt`
-state dict (`torch.load(weights_only=True)` only: nothing in the file is executed). Each array
-is built with `jax.make_array_from_callback`: for every device of this process the callback
-reads only that device's slice (safetensors: `os.preadv` of exactly the slice's bytes, no
-memory map), converts its dtype and hands it to JAX, so the host never holds more than the
-arrays this process's devices hold plus one slice in flight.
+Reads a `.safetensors` file, a Hugging Face directory (the one file `from_pretrained` reads
+there, in its order: `model.safetensors`, `model.safetensors.index.json` and its shards,
+`pytorch_model.bin`, `pytorch_model.bin.index.json`), or a torch `.bin`/`.pt` state dict
+(`torch.load(weights_only=True)` only: nothing in the file is executed). Each array is built
+with `jax.make_array_from_callback`: for every device of this process the callback reads only
+that device's slice (safetensors: `os.preadv` of exactly the slice's bytes, no memory map),
+converts its dtype and hands it to JAX, so the host never holds more than the arrays this
+process's devices hold plus one slice in flight.
 
 Names map as the model's `load_state_dict` (and `from_pretrained`) would: tied weights are
 one entry (under the first name `named_parameters` gives; a file holding either name fills
 it), Hugging Face's key renames (`LayerNorm.gamma`, `_checkpoint_conversion_mapping`,
 `model.` / `base_model_prefix` added or stripped) apply, and non-persistent buffers (rotary
 `inv_freq`), which checkpoints never hold, are computed from the module's own code
-(`bridge/state/_meta.py`). Names missing from or unexpected in the file, and shape
-mismatches, raise one `CheckpointKeysError` listing them all.
+(`bridge/state/_meta.py`). Shape mismatches raise one `CheckpointKeysError` listing them all;
+names missing from or unexpected in the file too when strict (`strict=`; by default as the
+model's own loader: lenient for a Hugging Face model, as `from_pretrained`, which reports
+them: a `CheckpointKeysWarning`; strict for other modules, as `load_state_dict`).
 
 Example:
     ```python
@@ -33,6 +36,7 @@ import json
 import os
 import re
 import struct
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,10 +84,24 @@ class CheckpointKeysError(CheckpointError, KeyError):
     lacks), `mismatched` (`{name: (file shape, model shape)}`).
     """
 
-    def __init__(self, path: str, missing: list[str], unexpected: list[str], mismatched: dict[str, tuple]):
+    def __init__(
+        self,
+        path: str,
+        missing: list[str],
+        unexpected: list[str],
+        mismatched: dict[str, tuple],
+        *,
+        on_meta: bool = False,
+    ):
         self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
         parts = []
-        if missing:
+        if missing and on_meta:
+            parts.append(
+                f"{len(missing)} missing from the file, on the meta device in the model, so no value to keep "
+                f"for them: {missing} (build the model off the meta device to keep its initial values for them, "
+                "as `from_pretrained` initializes them)"
+            )
+        elif missing:
             parts.append(f"{len(missing)} missing from the file: {missing}")
         if unexpected:
             parts.append(f"{len(unexpected)} in the file but not in the model: {unexpected}")
@@ -96,7 +114,12 @@ class CheckpointKeysError(CheckpointError, KeyError):
             f"load_params({path!r}): the checkpoint does not match the model: "
             + "; ".join(parts)
             + ". Check that the checkpoint was saved from this architecture and config; names are mapped as "
-            "`load_state_dict` / `from_pretrained` map them (tied weights, `base_model_prefix`, Hugging Face renames)."
+            "`load_state_dict` / `from_pretrained` map them (tied weights, `base_model_prefix`, Hugging Face renames)"
+            + (
+                "; strict=False skips unused names and keeps the module's values for missing ones."
+                if (missing or unexpected) and not on_meta
+                else "."
+            )
         )
 
     def __str__(self) -> str:  # KeyError would repr() the message
@@ -363,28 +386,78 @@ def _sharded_entries(directory: Path, index_name: str) -> dict[str, Entry]:
     return out
 
 
+# the files `from_pretrained` reads in a model directory, in its order of preference
+# (transformers' `_get_resolved_checkpoint_files`): the first that exists is read, the others ignored
+HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def hf_weights_file(directory: str | os.PathLike) -> Path:
+    """The one file of a Hugging Face model directory that `from_pretrained` reads.
+
+    `config.json`'s `transformers_weights` when it names a file inside the directory, else the
+    first of `HF_WEIGHT_FILES` that exists: a single `model.safetensors` wins over a (stale)
+    `model.safetensors.index.json`, and any safetensors file over `.bin` files.
+
+    Example:
+        ```python
+        hf_weights_file("llama/")  # Path("llama/model.safetensors") even beside pytorch_model.bin.index.json
+        ```
+    """
+    d = Path(directory)
+    explicit = _explicit_weights_name(d)
+    if explicit is not None:
+        return d / explicit
+    for name in HF_WEIGHT_FILES:
+        if (d / name).is_file():
+            return d / name
+    raise CheckpointError(
+        f"load_params: {d} holds none of {', '.join(HF_WEIGHT_FILES)} (a Hugging Face model directory); "
+        "pass the checkpoint file itself"
+    )
+
+
+def _explicit_weights_name(directory: Path) -> str | None:
+    """`config.json`'s `transformers_weights` (the file `from_pretrained` then reads), checked as
+    transformers checks it: a safetensors file or index inside the directory."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("transformers_weights") if isinstance(config, dict) else None
+    if name is None:
+        return None
+    safetensors_name = isinstance(name, str) and name.endswith((".safetensors", ".safetensors.index.json"))
+    if not safetensors_name or not Path(os.path.abspath(directory / name)).is_relative_to(os.path.abspath(directory)):
+        raise CheckpointError(
+            f"load_params: {directory / 'config.json'} names transformers_weights={name!r}, which is not a "
+            "safetensors file or index inside the directory (from_pretrained refuses it too)"
+        )
+    return name
+
+
 def checkpoint_entries(path: str | os.PathLike) -> dict[str, Entry]:
-    """Every tensor of a checkpoint (file or Hugging Face directory) by its name in the file;
-    reads headers only (safetensors) or memory-maps (torch)."""
+    """Every tensor of a checkpoint (file, `.index.json` of shards, or Hugging Face directory:
+    the file `from_pretrained` reads, `hf_weights_file`) by its name in the file; reads headers
+    only (safetensors) or memory-maps (torch)."""
     p = Path(path)
     if p.is_dir():
-        for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            if (p / index_name).exists():
-                return _sharded_entries(p, index_name)
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            if (p / single).exists():
-                return checkpoint_entries(p / single)
-        raise CheckpointError(
-            f"load_params: {p} holds no model.safetensors, pytorch_model.bin or their .index.json (a "
-            "Hugging Face model directory)"
-        )
+        p = hf_weights_file(p)
     if not p.exists():
         raise CheckpointError(f"load_params: no such file or directory: {p}")
+    if p.name.endswith(".index.json"):
+        return _sharded_entries(p.parent, p.name)
     if p.suffix == ".safetensors":
         return _safetensors_entries(p)
     if p.suffix in (".bin", ".pt", ".pth"):
         return _torch_entries(p)
-    raise CheckpointError(f"load_params: {p}: expected a .safetensors, .bin, .pt or .pth file, or a directory")
+    raise CheckpointError(
+        f"load_params: {p}: expected a .safetensors, .bin, .pt, .pth or .index.json file, or a directory"
+    )
 
 
 # ---- names: the file's keys -> the model's names ----------------------------------------
@@ -482,6 +555,31 @@ def _resolve_sharding(
     return chosen if chosen is not None else SingleDeviceSharding(jax.local_devices()[0])
 
 
+def _divides(name: str, shape: tuple[int, ...], sharding: Sharding, rules: Rules) -> Sharding:
+    """`sharding`, after checking that it splits every dimension of the tensor `name` evenly;
+    else a `ValueError` naming the tensor, its shape, the mesh's axis sizes and the rule.
+
+    Example:
+        ```python
+        _divides("lm_head.weight", (50257, 64), NamedSharding(mesh8, P("model")), rules)  # ValueError: 50257 by 8
+        ```
+    """
+    try:
+        sharding.shard_shape(shape)
+    except ValueError as e:
+        spec = getattr(sharding, "spec", None)
+        mesh_ = getattr(sharding, "mesh", None)
+        axes = dict(mesh_.shape) if mesh_ is not None else None
+        rule = next(((p, s) for p, s in rules if re.search(p, name)), None)
+        source = f"the rule {rule[0]!r} -> {rule[1]}" if rule else f"the sharding {sharding}"
+        raise ValueError(
+            f"load_params: {source} splits {name} (shape {tuple(shape)}) as {spec} over mesh axes {axes}, "
+            f"which does not divide its dimensions evenly ({e}). Use a rule whose mesh axes divide "
+            f"{name}'s dimensions, or a rule for {name} before it that replicates it (PartitionSpec())."
+        ) from None
+    return sharding
+
+
 def _build(
     shape: tuple[int, ...],
     read: Callable[[Index], np.ndarray],
@@ -563,6 +661,75 @@ def _target_dtype(t: torch.Tensor, dtype: Any) -> np.dtype:
     return model_dtype
 
 
+class CheckpointKeysWarning(UserWarning):
+    """A lenient `load_params` (`strict=False`, Hugging Face models' default) skipped or kept names.
+
+    Attributes: `missing` (model names the file lacks: they keep the module's values) and
+    `unexpected` (file names the model does not use).
+    """
+
+    def __init__(self, path: str, missing: list[str], unexpected: list[str]):
+        self.missing, self.unexpected = missing, unexpected
+        parts = []
+        if unexpected:
+            parts.append(f"{len(unexpected)} names in the file are not used by the model: {unexpected}")
+        if missing:
+            parts.append(f"{len(missing)} model tensors are not in the file and keep the module's values: {missing}")
+        super().__init__(
+            f"load_params({path!r}): " + "; ".join(parts) + " (as `from_pretrained` reports them); "
+            "pass strict=True to raise instead"
+        )
+
+
+def _is_hf(model: torch.nn.Module) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers absent
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def _match_names(
+    model: torch.nn.Module, path: str, entries: Mapping[str, Entry], wanted: set[str]
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """`({model name: file key}, missing model names, unexpected file keys)`, names mapped as
+    `load_state_dict` / `from_pretrained` map them; a tied tensor found under two names must
+    hold the same values in both."""
+    names = _all_names(model)
+    rename = _hf_renamer(model, {n: True for n in names})
+    found: dict[str, str] = {}  # model name -> file key
+    unexpected: list[str] = []
+    for key in entries:
+        name = names.get(key) or names.get(rename(key))
+        if name is None or name not in wanted:
+            unexpected.append(key)
+        elif name not in found:
+            found[name] = key
+        else:  # a tied tensor under two of its names: fine when both hold the same values
+            _check_same_values(path, entries[found[name]], entries[key], found[name], key)
+    unexpected = sorted(k for k in unexpected if not _ignored_unexpected(model, k))
+    return found, sorted(wanted - set(found)), unexpected
+
+
+def _kept_values(
+    path: str,
+    missing: dict[str, torch.Tensor],
+    unexpected: list[str],
+    mismatched: dict[str, tuple],
+    strict: bool,
+) -> dict[str, torch.Tensor]:
+    """The module's own tensors for the names the file lacks, after the strictness rules: raise
+    one `CheckpointKeysError` for shape mismatches (always), for missing or unexpected names
+    when `strict`, and for missing names on the meta device (no values to keep); else warn."""
+    on_meta = sorted(n for n, t in missing.items() if t.is_meta)
+    if mismatched or (strict and (missing or unexpected)) or on_meta:
+        lenient_meta = not strict and bool(on_meta)
+        raise CheckpointKeysError(path, sorted(missing), unexpected if strict else [], mismatched, on_meta=lenient_meta)
+    if missing or unexpected:
+        warnings.warn(CheckpointKeysWarning(path, sorted(missing), unexpected), stacklevel=3)
+    return missing
+
+
 def load_params(
     model: torch.nn.Module,
     path: str | os.PathLike,
@@ -571,6 +738,7 @@ def load_params(
     mesh: Mesh | None = None,
     rules: Rules = (),
     dtype: Any = None,
+    strict: bool | None = None,
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """Read a checkpoint into JAX arrays for `model`, each placed (and sharded) as it is read.
 
@@ -586,6 +754,12 @@ def load_params(
       (`[(regex, PartitionSpec), ...]`, first match wins, unmatched replicated) on `mesh`.
     - `dtype`: the dtype floating arrays get (e.g. `jnp.bfloat16`), converted slice by
       slice; by default each array gets the model's dtype for it (as `load_state_dict` copies).
+    - `strict`: whether names missing from or unexpected in the file raise. By default as the
+      model's own loader: `from_pretrained`'s leniency for a Hugging Face model (a `LlamaModel`
+      from a `LlamaForCausalLM` checkpoint: its `lm_head` unused), `load_state_dict`'s
+      strictness for other modules. When not strict, unused file names are skipped and model
+      tensors the file lacks keep the module's own values (a module on the meta device has
+      none: that raises), both named in one `CheckpointKeysWarning`.
 
     **Returns:** `(params, state)` split as `jaxtorch.extract` splits them: the trainable
     parameters, and everything else (buffers, frozen parameters); non-persistent buffers are
@@ -593,8 +767,9 @@ def load_params(
     Pass them as `fn(params, *args, state=state)` to the function of `extract(model)`.
 
     Each process reads only the slices its own devices hold (in a multi-process run, its part).
-    Names missing from or unexpected in the file, and shapes that differ, raise one
-    `CheckpointKeysError` listing all of them.
+    Shapes that differ, and (when strict) names missing from or unexpected in the file, raise
+    one `CheckpointKeysError` listing all of them. A directory is read as `from_pretrained`
+    reads it (`hf_weights_file`: `model.safetensors`, then its index, then the `.bin` files).
 
     **Example:**
         ```python
@@ -607,31 +782,17 @@ def load_params(
     tensors = {**params_t, **state_t}
     _check_placement(shardings, mesh, rules, tensors)
     skip = non_persistent_names(model)
-    wanted = {n for n in tensors if n not in skip}
-    names = _all_names(model)
-    rename = _hf_renamer(model, {n: True for n in names})
-    found: dict[str, str] = {}  # model name -> file key
-    unexpected: list[str] = []
-    for key in entries:
-        name = names.get(key) or names.get(rename(key))
-        if name is None or name in skip:
-            unexpected.append(key)
-        elif name not in found:
-            found[name] = key
-        else:  # a tied tensor under two of its names: fine when both hold the same values
-            _check_same_values(str(path), entries[found[name]], entries[key], found[name], key)
-    unexpected = [k for k in unexpected if not _ignored_unexpected(model, k)]
-    missing = sorted(wanted - set(found))
+    found, missing, unexpected = _match_names(model, str(path), entries, {n for n in tensors if n not in skip})
     mismatched = {
         n: (entries[k].shape, tuple(tensors[n].shape))
         for n, k in found.items()
         if tuple(entries[k].shape) != tuple(tensors[n].shape)
     }
-    if missing or unexpected or mismatched:
-        raise CheckpointKeysError(str(path), missing, sorted(unexpected), mismatched)
+    strict = not _is_hf(model) if strict is None else strict
+    kept = _kept_values(str(path), {n: tensors[n] for n in missing}, unexpected, mismatched, strict)
 
     def _resolve(name: str, struct_: jax.ShapeDtypeStruct) -> Sharding:
-        return _resolve_sharding(shardings, mesh, rules, name, struct_)
+        return _divides(name, struct_.shape, _resolve_sharding(shardings, mesh, rules, name, struct_), rules)
 
     arrays: dict[str, jax.Array] = {}
     for name, key in found.items():
@@ -639,12 +800,21 @@ def load_params(
         struct_ = jax.ShapeDtypeStruct(entries[key].shape, target)
         check = _range_check(name, tensors[name].dtype)
         arrays[name] = _build(entries[key].shape, entries[key].read, target, _resolve(name, struct_), check)
-    for name, t in computed_buffers(model, [n for n in tensors if n in skip]).items():
+    computed = computed_buffers(model, [n for n in tensors if n in skip])
+    for name, t in {**kept, **computed}.items():
         target = _target_dtype(t, dtype)
         struct_ = jax.ShapeDtypeStruct(tuple(t.shape), target)
-        host = np.asarray(tensor_to_jax(t))  # computed, not read: never counted as file bytes
+        host = np.asarray(tensor_to_jax(t))  # the module's own, not read: never counted as file bytes
         arrays[name] = _build(struct_.shape, host.__getitem__, target, _resolve(name, struct_))
     return {n: arrays[n] for n in params_t}, {n: arrays[n] for n in state_t}
 
 
-__all__ = ["CheckpointKeysError", "checkpoint_entries", "load_params", "read_slice"]
+__all__ = [
+    "HF_WEIGHT_FILES",
+    "CheckpointKeysError",
+    "CheckpointKeysWarning",
+    "checkpoint_entries",
+    "hf_weights_file",
+    "load_params",
+    "read_slice",
+]

@@ -125,6 +125,12 @@ def load_into(
     - `strict`: raise for names the module does not have, or for module tensors not given:
       every trainable parameter, and every state entry when `state` is given.
 
+    A module built on the meta device (`with torch.device("meta")`, for `load_params`) gets
+    CPU tensors holding the values, as `load_state_dict(assign=True)` would: each in the
+    module's dtype, parameters stay `Parameter`s with their `requires_grad`, tied weights stay
+    one tensor. Every meta tensor needs a value (pass `state` too); else `ParamsError`, before
+    anything is written.
+
     **Returns:** `model`.
 
     **Example:**
@@ -132,6 +138,7 @@ def load_into(
         jaxtorch.load_into(model, train_state)          # from make_train_step
         jaxtorch.load_into(model, params, new_state)    # from extract(..., mutable=True)
         torch.save(model.state_dict(), "model.pt")
+        jaxtorch.load_into(meta_model, *jaxtorch.load_params(meta_model, "llama/"))  # now on the CPU
         ```
     """
     check_not_donated((params, state), "load_into")
@@ -167,6 +174,8 @@ def load_into(
                     else ""
                 )
             )
+    _check_meta_covered(targets, values)
+    made: dict[int, torch.Tensor] = {}  # id(meta tensor) -> its materialized tensor (tied names share it)
     with torch.no_grad():
         for name, value in values.items():
             t = targets.get(name)
@@ -174,11 +183,50 @@ def load_into(
                 continue
             if tuple(value.shape) != tuple(t.shape):
                 raise ValueError(f"load_into: {name} has shape {tuple(value.shape)}, the module's is {tuple(t.shape)}")
-            if isinstance(t, JaxTensor):
+            if t.is_meta:
+                made.setdefault(id(t), _materialized(t, value))
+            elif isinstance(t, JaxTensor):
                 write(t, jax.numpy.asarray(value).astype(t.elem.dtype))
             else:
                 t.copy_(_host(value).to(t.dtype))
+    _assign(model, targets, made)
     return model
+
+
+def _check_meta_covered(targets: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> None:
+    """Raise before writing anything when a tensor of the module is on the meta device and no
+    value is given for it under any of its names: it would stay without data."""
+    given = {id(targets[n]) for n in values if n in targets}
+    left = sorted(n for n, t in targets.items() if t.is_meta and id(t) not in given)
+    if left:
+        raise ParamsError(
+            f"load_into: {left[:8]}{' ...' if len(left) > 8 else ''} ({len(left)}) are on the meta device and no "
+            "value is given for them, so they would stay without data. Pass them too (`load_params` returns "
+            "`(params, state)`: `load_into(model, params, state)`), or give the module storage first "
+            "(`model.to_empty(device='cpu')`, `Module.to_empty`) and initialize what you do not load."
+        )
+
+
+def _materialized(t: torch.Tensor, value: Any) -> torch.Tensor:
+    """A CPU tensor holding `value` in `t`'s dtype, for the meta tensor `t`: a Parameter (with
+    `t`'s `requires_grad`) when `t` is one, as `load_state_dict(assign=True)` keeps them."""
+    data = _host(value).to(t.dtype).clone()  # its own storage: never a view of a JAX buffer
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(data, requires_grad=t.requires_grad)
+    return data
+
+
+def _assign(model: torch.nn.Module, targets: Mapping[str, torch.Tensor], made: Mapping[int, torch.Tensor]) -> None:
+    """Put each materialized tensor in place of its meta tensor, under every name it has (tied
+    weights stay one tensor; a buffer stays a buffer, persistent or not)."""
+    for name, t in targets.items():
+        new = made.get(id(t))
+        if new is None:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        slots: dict[str, Any] = module._parameters if leaf in module._parameters else module._buffers
+        slots[leaf] = new
 
 
 def _host(value) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 
 import jaxtorch
 from jaxtorch import StateWriteError
-from tests._hf_models import tiny_llama
+from tests._hf_models import TINY_LLAMA, tiny_llama
 
 transformers = pytest.importorskip("transformers")
 cu = pytest.importorskip("transformers.cache_utils")
@@ -305,6 +305,39 @@ def test_greedy_decoder_refuses_a_prompt_holding_the_pad_id_and_bad_ids(llama, b
             decode(batch, steps)
     with pytest.raises(ValueError, match="token ids of shape"):
         decode(batch[0], 4)
+
+
+_WINDOWED = {  # tiny decoders with a sliding window of 4 (prompts of 6 go beyond it); hybrid: one of each layer
+    "mistral": lambda: transformers.MistralConfig(sliding_window=4, **TINY_LLAMA),
+    "qwen2 hybrid": lambda: transformers.Qwen2Config(
+        use_sliding_window=True, sliding_window=4, max_window_layers=1, **TINY_LLAMA
+    ),
+    "gemma2 hybrid": lambda: transformers.Gemma2Config(sliding_window=4, head_dim=8, **TINY_LLAMA),
+}
+
+
+@pytest.mark.parametrize("arch", list(_WINDOWED))
+def test_greedy_decoder_of_a_sliding_window_model_gives_generates_tokens(arch):
+    """Issue 30 item 8: before, the sliding layers' Python position counter changed the loop carry's
+    pytree (JAX's 'while_loop carry ... pytree structure' error)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_WINDOWED[arch]()).eval()
+    ids = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[:, 6:]
+    windowless = copy.deepcopy(model)
+    windowless.config.sliding_window = 64  # the window matters here: without it, other tokens
+    unwindowed = windowless.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[:, 6:]
+    assert not torch.equal(unwindowed, expected)
+    decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=18, eos_token_id=None)
+    np.testing.assert_array_equal(np.asarray(decode(ids, 12)), expected.numpy())
+    assert decode.compilations == 1
+
+
+def test_greedy_decoder_refuses_an_empty_prompt_clearly(llama):
+    """Issue 30 item 8: before, ZeroDivisionError (generate fails too, with a reshape error)."""
+    decode = jaxtorch.generation.greedy_decoder(llama, max_cache_len=8)
+    with pytest.raises(ValueError, match="holds no token.*bos_token_id"):
+        decode(torch.zeros(1, 0, dtype=torch.long), 3)
 
 
 class _Running:  # a plain class of the user's, not registered anywhere

@@ -2,6 +2,7 @@
 
 python -m tests.train._load_worker tp CKPT                      (8 CPU devices, one process)
 python -m tests.train._load_worker multi CKPT PROCESS_ID PORT   (2 processes x 4 CPU devices)
+python -m tests.train._load_worker indivisible DIR               (8 CPU devices: a rule that does not divide)
 
 Every byte `load_params` reads passes through `jaxtorch.train._load.read_slice`; the worker
 counts them and prints "OK <mode> <bytes read> <bytes expected>".
@@ -30,8 +31,28 @@ def _count_reads():
     return counted
 
 
+def indivisible(directory: str) -> None:
+    """A rule splitting a (12, 6) weight's rows over 8 devices: print the error load_params raises."""
+    import torch
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+    from safetensors.torch import save_file
+
+    import jaxtorch
+
+    model = torch.nn.Linear(6, 12)
+    save_file({k: v.detach() for k, v in model.state_dict().items()}, f"{directory}/m.safetensors")
+    mesh = Mesh(np.array(jax.devices()), ("model",))
+    try:
+        jaxtorch.load_params(model, f"{directory}/m.safetensors", mesh=mesh, rules=[(r"weight$", P("model"))])
+    except ValueError as e:
+        print("OK indivisible", type(e).__name__, str(e).replace("\n", " "))
+
+
 def main(argv):
     mode, ckpt = argv[0], argv[1]
+    if mode == "indivisible":
+        return indivisible(ckpt)
     if mode == "multi":
         init_two_processes(int(argv[2]), int(argv[3]))
     import safetensors.numpy

@@ -4,10 +4,12 @@ Each model here is a tiny Llama with random weights, saved locally; numerics are
 with eager CPU torch on the same weights.
 """
 
+import json
 import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -19,6 +21,7 @@ import torch
 
 import jaxtorch
 from jaxtorch.train import CheckpointKeysError, load_params
+from jaxtorch.train._load import CheckpointKeysWarning
 from tests._hf_models import tiny_llama
 
 from ._procs import ROOT, cpu_env, free_port, spawn, wait_all
@@ -168,6 +171,97 @@ def test_hf_prefix_renames_both_ways(saved, tmp_path):
     )
 
 
+def _bin_shards(sd: dict, directory: Path) -> None:
+    """`sd` as two `pytorch_model-*.bin` shards with their `pytorch_model.bin.index.json`."""
+    names = sorted(sd)
+    halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for f, keys in halves.items():
+        torch.save({k: sd[k].clone() for k in keys}, directory / f)
+    weight_map = {k: f for f, keys in halves.items() for k in keys}
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _assert_as_from_pretrained(params: dict, hf_model) -> None:
+    for name, value in hf_model.state_dict().items():
+        if name in params:
+            np.testing.assert_array_equal(np.asarray(params[name]), value.numpy(), err_msg=name)
+
+
+def test_directory_read_as_from_pretrained_reads_it(saved, meta_model, tmp_path):
+    """Issue 30 item 2: `model.safetensors` wins over `.bin` shards (other weights) and over a stale
+    safetensors index whose shard is gone, as in transformers' `_get_resolved_checkpoint_files`."""
+    ref, _ = saved
+    ref.save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    _bin_shards(llama(CONFIG).state_dict(), tmp_path)  # different weights
+    stale = {"metadata": {}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(stale))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    params, _ = load_params(meta_model, tmp_path)
+    _assert_as_from_pretrained(params, hf)
+    (tmp_path / "model.safetensors").unlink()  # then the .bin shards, as from_pretrained: not the stale index
+    (tmp_path / "model.safetensors.index.json").unlink()
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    params, _ = load_params(meta_model, tmp_path)
+    _assert_as_from_pretrained(params, hf)
+    first = np.asarray(params["model.embed_tokens.weight"])
+    assert not np.array_equal(first, ref.model.embed_tokens.weight.detach().numpy())  # the .bin's weights
+
+
+def _recorded(fn):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [w.message for w in seen if isinstance(w.message, CheckpointKeysWarning)]
+
+
+def test_backbone_from_full_checkpoint_reports_the_unused_head(tmp_path):
+    """Issue 30 item 2: `LlamaModel.from_pretrained` of a `LlamaForCausalLM` folder skips `lm_head`
+    and reports it; load_params does the same (a warning naming it), and `strict=True` raises."""
+    torch.manual_seed(0)
+    llama(dict(CONFIG, tie_word_embeddings=False)).save_pretrained(tmp_path)
+    with torch.device("meta"):
+        base = llama(dict(CONFIG, tie_word_embeddings=False), transformers.LlamaModel)
+    (params, _), seen = _recorded(lambda: load_params(base, tmp_path))
+    assert [w.unexpected for w in seen] == [["lm_head.weight"]] and "lm_head.weight" in str(seen[0])
+    _assert_as_from_pretrained(params, transformers.LlamaModel.from_pretrained(tmp_path))
+    with pytest.raises(CheckpointKeysError, match="lm_head.weight") as info:
+        load_params(base, tmp_path, strict=True)
+    assert info.value.unexpected == ["lm_head.weight"]
+
+
+def test_full_model_from_backbone_checkpoint_keeps_or_refuses_the_missing_head(tmp_path):
+    """The reverse: the head is missing. A model with values keeps its own (reported), a meta model
+    has none and raises naming it and the way out; `strict=True` raises."""
+    cfg = dict(CONFIG, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    llama(cfg).model.save_pretrained(tmp_path)
+    full = llama(cfg)
+    (params, _), seen = _recorded(lambda: load_params(full, tmp_path))
+    assert [w.missing for w in seen] == [["lm_head.weight"]]
+    np.testing.assert_array_equal(np.asarray(params["lm_head.weight"]), full.lm_head.weight.detach().numpy())
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    _assert_as_from_pretrained({k: v for k, v in params.items() if k != "lm_head.weight"}, loaded)
+    with pytest.raises(CheckpointKeysError, match="lm_head.weight") as info:
+        load_params(full, tmp_path, strict=True)
+    assert info.value.missing == ["lm_head.weight"]
+    with torch.device("meta"):
+        meta = llama(cfg)
+    with pytest.raises(CheckpointKeysError, match="meta device"):
+        load_params(meta, tmp_path)
+
+
+def test_plain_module_is_strict_like_load_state_dict_unless_told(tmp_path):
+    m = torch.nn.Linear(3, 2)
+    safetensors.torch.save_file({"weight": m.weight.detach(), "extra": torch.ones(1)}, tmp_path / "m.safetensors")
+    with pytest.raises(CheckpointKeysError, match="bias") as info:
+        load_params(m, tmp_path / "m.safetensors")
+    assert info.value.unexpected == ["extra"] and info.value.missing == ["bias"]
+    (params, _), seen = _recorded(lambda: load_params(m, tmp_path / "m.safetensors", strict=False))
+    assert [(w.missing, w.unexpected) for w in seen] == [(["bias"], ["extra"])]
+    np.testing.assert_array_equal(np.asarray(params["bias"]), m.bias.detach().numpy())
+
+
 def test_legacy_layernorm_gamma_beta_renamed(tmp_path):
     cfg = transformers.BertConfig(
         vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
@@ -195,7 +289,7 @@ def test_missing_unexpected_and_shapes_in_one_error(saved, meta_model, tmp_path)
     sd["model.layers.1.mlp.down_proj.weight"] = torch.zeros(3, 3)
     safetensors.torch.save_file(sd, tmp_path / "bad.safetensors")
     with pytest.raises(CheckpointKeysError) as info:
-        load_params(meta_model, tmp_path / "bad.safetensors")
+        load_params(meta_model, tmp_path / "bad.safetensors", strict=True)
     e = info.value
     assert e.missing == ["model.layers.0.mlp.up_proj.weight", "model.norm.weight"]
     assert e.unexpected == ["model.layers.0.extra.weight"]
@@ -253,6 +347,16 @@ def test_tensor_parallel_on_8_devices_reads_each_slice_once(saved):
     assert p.returncode == 0, p.stderr[-4000:]
     _, _, read, expected = _ok_line(p.stdout)
     assert int(read) == int(expected)
+
+
+def test_sharding_rule_that_does_not_divide_names_the_parameter(tmp_path):
+    """Issue 30 item 16: before, JAX's IndivisibleError named no parameter and no rule."""
+    cmd = [sys.executable, "-m", "tests.train._load_worker", "indivisible", str(tmp_path)]
+    p = subprocess.run(cmd, cwd=ROOT, env=cpu_env(8), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    line = next(line for line in p.stdout.splitlines() if line.startswith("OK"))
+    for words in ("ValueError", "weight (shape (12, 6))", "'model': 8", "'weight$'"):
+        assert words in line, line
 
 
 def test_two_processes_each_read_their_half(saved):

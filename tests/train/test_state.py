@@ -90,3 +90,51 @@ def test_load_into_bf16_and_jax_device_module():
     jmodel = BNNet().to("jax")
     load_into(jmodel, {k: v + 1 if v.dtype == jnp.float32 else v for k, v in params.items()})
     np.testing.assert_allclose(jmodel.fc.weight.detach().cpu().numpy(), np.asarray(params["fc.weight"]) + 1)
+
+
+def _meta_and_reference() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The same module built on the meta device and on the CPU: a tied weight, a frozen parameter,
+    an int64 buffer and a non-persistent buffer."""
+
+    def build() -> torch.nn.Module:
+        m = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False), torch.nn.BatchNorm1d(5))
+        m[1].weight = m[0].weight
+        m[2].weight.requires_grad_(False)
+        m.register_buffer("scale", torch.full((5,), 2.0), persistent=False)
+        return m
+
+    with torch.device("meta"):
+        meta = build()
+    torch.manual_seed(0)
+    ref = build()
+    with torch.no_grad():
+        ref[2].running_mean.uniform_()
+        ref[2].num_batches_tracked.fill_(3)
+    return meta, ref
+
+
+def test_load_into_meta_model_materializes_like_assign():
+    """Issue 30 item 18: before, load_into succeeded and left every weight on the meta device."""
+    meta, ref = _meta_and_reference()
+    params, fn = jaxtorch.extract(ref)
+    load_into(meta, params, fn.state)
+    assert meta[1].weight is meta[0].weight  # still tied
+    for (name, got), (_, want) in zip(meta.named_parameters(), ref.named_parameters(), strict=True):
+        assert type(got) is torch.nn.Parameter and got.requires_grad == want.requires_grad, name
+    loaded = {**dict(meta.named_parameters()), **dict(meta.named_buffers())}
+    for name, want in {**dict(ref.named_parameters()), **dict(ref.named_buffers())}.items():
+        got = loaded[name]
+        assert got.device.type == "cpu" and got.dtype == want.dtype, name
+        assert torch.equal(got, want), name
+    assert "scale" not in meta.state_dict()  # non-persistent stays non-persistent
+    x = torch.tensor([[0, 1, 4]])
+    torch.testing.assert_close(meta.eval()(x[0]), ref.eval()(x[0]), rtol=0, atol=0)
+
+
+def test_load_into_meta_model_without_the_state_names_to_empty():
+    meta, ref = _meta_and_reference()
+    params, _ = jaxtorch.extract(ref)
+    with pytest.raises(jaxtorch.ParamsError, match="to_empty") as info:
+        load_into(meta, params)
+    assert "2.running_mean" in str(info.value)
+    assert meta[0].weight.is_meta  # nothing written
