@@ -11,7 +11,7 @@ jaxtorch.train.load_into(model, state)   # params and model_state (buffers, froz
 
 from ..bridge.core._errors import ModuleReleasedError
 from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ._load import CheckpointKeysError, load_params
+from ._load import CheckpointKeysError, CheckpointKeysWarning, load_params
 from ._precision import MixedPrecision
 from ._sharding import DeviceLoader, data_mesh, shard, shard_batch, shardings
 from ._state import DonatedStateError, TrainState, load_into
@@ -20,6 +20,7 @@ from ._step import make_train_step
 __all__ = [
     "CheckpointError",
     "CheckpointKeysError",
+    "CheckpointKeysWarning",
     "DeviceLoader",
     "DonatedStateError",
     "MixedPrecision",
