@@ -211,6 +211,31 @@ def test_norms_forward_and_grad():
     _grad_check(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, w, b)
 
 
+def test_norm_weight_shapes_accepted_and_refused_as_torch_does():
+    # issue 30 item 6: F.batch_norm with a (1, C, 1, 1) weight crashed with a JAX broadcasting error
+    x = torch.randn(2, 3, 4, 5)
+    w, b = torch.randn(1, 3, 1, 1), torch.randn(3, 1)  # torch accepts any C elements, forward
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    _both(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, w, b)
+    _both(lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=False), x, w, b)
+    refused = {  # torch refuses these: so does jaxtorch, with torch's message
+        "should contain 3 elements not 4": lambda x, w, b: F.batch_norm(x, None, None, torch.ones(4), None, True),
+        "expected 1 dims but tensor has 4": lambda x, w, b: F.batch_norm(x, w, torch.ones(3), training=False),
+        "Expected weight to be of same shape": lambda x, w, b: F.layer_norm(x, (4, 5), torch.ones(1, 4, 5)),
+        "Expected bias to be of same shape": lambda x, w, b: F.layer_norm(x, (4, 5), None, torch.ones(20)),
+        "a vector of size equal to the number of channels": lambda x, w, b: F.group_norm(x, 3, w),
+        "repeat dims can not be smaller": lambda x, w, b: F.instance_norm(x, weight=w, bias=w),
+    }
+    for message, fn in refused.items():
+        with pytest.raises(RuntimeError, match=message):
+            fn(x, w, b)
+        with pytest.raises(RuntimeError, match=message):
+            _run(fn, x, w, b)
+    xj, wj = x.to("jax").requires_grad_(), w.to("jax").requires_grad_()
+    with pytest.raises(RuntimeError, match="expected 1 dims but tensor has 4"):  # torch's backward refuses it
+        F.batch_norm(xj, None, None, wj, None, training=True).sum().backward()
+
+
 def test_batchnorm_train_updates_running_stats_on_jax_device():
     bn_ref = torch.nn.BatchNorm2d(3)
     bn = torch.nn.BatchNorm2d(3)
