@@ -35,7 +35,7 @@ import torch
 
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check_index
-from ..bridge.core._dtypes import canonical_int
+from ..bridge.core._dtypes import canonical_int, check_int_value
 from ._semantics import canon_dim, category, is_array, result_type
 from .registry import register
 
@@ -387,6 +387,7 @@ def index_reduce(a, dim, index, source, reduce, include_self=True):
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(a, mask, value):
     """`x.masked_fill(mask, v)`."""
+    check_int_value(value, a.dtype, "masked_fill's value")  # int64 beyond 32 bits: Int64Error, not wrapped
     return jnp.where(mask.astype(bool), _fill_value(value, a.dtype), a)
 
 
