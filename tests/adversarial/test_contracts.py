@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     cases_errors,
     cases_grads,
     cases_io,
+    cases_ops,
     cases_random,
     cases_services,
     cases_state,
