@@ -427,7 +427,7 @@ def _list_out_decomposed(op: torch._ops.OpOverload) -> bool:
     decomposition fills and the interpreter's `out=` writer does not; they keep the decomposition."""
     from torch._decomp import decomposition_table
 
-    return op._schema.returns[0].type.str() == "Tensor[]" and op in decomposition_table
+    return str(op._schema.returns[0].type) == "List[Tensor]" and op in decomposition_table
 
 
 for _copy_op, _view in _view_copies().items():  # views without a lowering (sparse, nested) stay out
