@@ -404,7 +404,8 @@ def _view_copies() -> dict[torch._ops.OpOverload, torch._ops.OpOverload]:
             view = getattr(getattr(aten, base[: -len("_copy")]), overload or "default")
         except (AttributeError, RuntimeError):
             continue
-        if torch.Tag.view_copy in op.tags and not op._schema.is_mutable:
+        storage = base in ("_reshape_alias_copy", "as_strided_copy")  # strides of the input's storage
+        if torch.Tag.view_copy in op.tags and not op._schema.is_mutable and not storage:
             pairs[op] = view
     return pairs
 
@@ -422,16 +423,18 @@ def _copy_of(view: torch._ops.OpOverload) -> Callable:
     return view_copy
 
 
-def _list_out_decomposed(op: torch._ops.OpOverload) -> bool:
-    """`split_with_sizes_copy`, `unbind_copy`: their `out=` takes a list of tensors, which torch's
-    decomposition fills and the interpreter's `out=` writer does not; they keep the decomposition."""
+def _decomposed(op: torch._ops.OpOverload) -> bool:
+    """Whether torch decomposes `op` (`permute_copy`, `as_strided_copy`, `split_with_sizes_copy`, ...):
+    those keep torch's decomposition, which routes the view through the interpreter's views (an
+    `as_strided` of the input's storage, `out=` lists of tensors) and then copies."""
     from torch._decomp import decomposition_table
 
-    return str(op._schema.returns[0].type) == "List[Tensor]" and op in decomposition_table
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return op in decomposition_table or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
 
 
 for _copy_op, _view in _view_copies().items():  # views without a lowering (sparse, nested) stay out
-    if lookup(_copy_op) is None and lookup(_view) is not None and not _list_out_decomposed(_copy_op):
+    if lookup(_copy_op) is None and lookup(_view) is not None and not _decomposed(_copy_op):
         register(_copy_op)(_copy_of(_view))
 
 

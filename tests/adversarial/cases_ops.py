@@ -355,3 +355,15 @@ def _copies():
         return x, c, torch.slice_copy(x, 1, 0, 2), *torch.split_copy(x, 1, 0), torch.t_copy(x), torch.detach_copy(x)
 
     _same(fn, torch.arange(6.0).reshape(2, 3))
+
+
+@case("ops/as_strided/of_a_transposed_view_reads_storage")
+def _as_strided_view():
+    _same(lambda x: torch.as_strided(x.t(), (2, 2), (1, 2), 1).clone(), torch.arange(12.0).reshape(4, 3))
+
+
+@case("ops/as_strided/of_a_contiguous_tensor")
+def _as_strided():
+    _same(
+        lambda x: (torch.as_strided(x, (3, 2), (1, 3), 2), torch.as_strided_copy(x, (2, 2), (4, 1))), torch.arange(12.0)
+    )
