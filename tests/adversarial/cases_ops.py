@@ -367,3 +367,13 @@ def _as_strided():
     _same(
         lambda x: (torch.as_strided(x, (3, 2), (1, 3), 2), torch.as_strided_copy(x, (2, 2), (4, 1))), torch.arange(12.0)
     )
+
+
+@case("ops/out/list_out_of_split_copy")
+def _split_copy_out():
+    def fn(x):
+        outs = [torch.empty(2, 3, device=x.device), torch.empty(1, 3, device=x.device)]
+        torch.split_copy(x, 2, 0, out=outs)
+        return outs
+
+    _same(fn, torch.arange(9.0).reshape(3, 3))
