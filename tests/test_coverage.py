@@ -86,6 +86,20 @@ def test_report_counts_add_up():
     assert rep.missing == []  # every core ATen op has a lowering or a decomposition
 
 
+def test_public_universe_counts_every_op_a_user_calls_by_name():
+    # issue 30 item 6: torch.select_copy & co. were missing while the core-only report said 0 missing
+    ops = set(cov.universe("public"))
+    assert cov.universe() == cov.universe("public") and cov.report(progress=False).universe == "public"
+    assert set(cov.universe("core")) < ops <= set(cov.universe("all"))
+    assert aten.histc.default in ops and aten.gelu.out in ops and aten.special_erfcx.default in ops
+    assert not any(cov.op_name(op).startswith(("aten::crow_indices", "aten::q_scale")) for op in ops)
+    copies = [aten.select_copy.int, aten.slice_copy.Tensor, aten.split_copy.Tensor, aten.detach_copy.default]
+    copies += [aten.view_as_real_copy.default, aten.select_copy.int_out, aten.split_copy.Tensor_out]
+    for op in copies:
+        assert op in ops and cov.how(op) == cov.LOWERED, op
+        assert cov.family(op) == "shape", op
+
+
 def test_command_line_entry_point():
     out = subprocess.run(
         [sys.executable, "-m", "jaxtorch.coverage", "--no-list-missing"], capture_output=True, text=True, timeout=300

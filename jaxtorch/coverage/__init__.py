@@ -12,14 +12,19 @@ An op overload is, exactly as the interpreter decides (both read its route,
 - **missing**: neither: calling it raises `UnsupportedOpError`.
 
 The universe of `python -m jaxtorch.coverage` (the denominator) is, by default, the
-*core* universe: every ATen overload tagged `torch.Tag.core` (the Core ATen IR that
-`torch.export` lowers to) plus every key of `torch._decomp.core_aten_decompositions()`
-(the commonly used ops PyTorch decomposes into that IR). `--universe all` widens it to
-every `aten::` overload registered in the dispatcher, minus backend-specific ones
-(cudnn, miopen, mkldnn, mps, quantized, sparse, nested, ...).
+*public* universe: every op a user can call. It is the *core* universe (`--universe core`:
+every ATen overload tagged `torch.Tag.core`, the Core ATen IR that `torch.export` lowers to,
+plus every key of `torch._decomp.core_aten_decompositions()`) together with every overload
+(functional, in-place and `out=`) of each ATen op that a public name calls: `torch.X`,
+`torch.Tensor.X`, `torch.nn.functional.X` (and the `torch._C._nn` functions it calls),
+`torch.special.X`, `torch.linalg.X`, `torch.fft.X` (so `torch.select_copy` counts, which the
+core list lacks). `--universe all` widens it to every `aten::` overload registered in the
+dispatcher. Every universe leaves out backend-specific ops (cudnn, miopen, mkldnn, mps,
+quantized, sparse, nested, ...).
 
 Command line:
-    python -m jaxtorch.coverage                    # counts per family, missing core ops
+    python -m jaxtorch.coverage                    # counts per family, missing public ops
+    python -m jaxtorch.coverage --universe core    # the Core ATen IR only
     python -m jaxtorch.coverage --list-decomposed  # also list decomposition-only ops
     python -m jaxtorch.coverage --universe all
 
@@ -88,6 +93,28 @@ _BACKEND_WORDS = (
     "coalesce",
     "_mkl",
 )
+# Ops that exist only for sparse or quantized layouts (their names do not say so)
+_LAYOUT_ONLY = {
+    "indices",
+    "values",
+    "crow_indices",
+    "col_indices",
+    "ccol_indices",
+    "row_indices",
+    "_indices",
+    "_values",
+    "_nnz",
+    "dense_dim",
+    "_to_dense",
+    "hspmm",
+    "int_repr",
+    "q_scale",
+    "q_zero_point",
+    "qscheme",
+    "q_per_channel_axis",
+    "q_per_channel_scales",
+    "q_per_channel_zero_points",
+}
 _PROGRESS_MIN = 64  # show a progress bar from this many ops on
 
 
@@ -139,19 +166,59 @@ def _overload(name: str):
 
 def _is_backend_specific(op) -> bool:
     name = op_name(op).lower()
-    return any(w in name for w in _BACKEND_WORDS)
+    base = op._schema.name.split("::")[1].removesuffix("_copy")
+    return base in _LAYOUT_ONLY or any(w in name for w in _BACKEND_WORDS)
 
 
-def universe(kind: str = "core") -> list[torch._ops.OpOverload]:
+# torch's Python namespaces that call `aten::<prefix><name>` for their function `<name>`
+_PUBLIC_NAMESPACES = (
+    ("", torch),
+    ("", torch.Tensor),
+    ("", torch.nn.functional),
+    ("", torch._C._nn),  # what torch.nn.functional calls (gelu, linear, upsample_*, *_loss, ...)
+    ("special_", torch.special),
+    ("linalg_", torch.linalg),
+    ("fft_", torch.fft),
+)
+
+
+def _is_public(base: str) -> bool:
+    """Whether a user reaches `aten::base` by a public call: `torch.base`, `Tensor.base`,
+    `F.base`, `torch.special/linalg/fft.name` (in-place `base_` through `base`'s namespace)."""
+    for prefix, namespace in _PUBLIC_NAMESPACES:
+        if base.startswith(prefix):
+            name = base[len(prefix) :]
+            if callable(getattr(namespace, name, None)):
+                return True
+    return False
+
+
+def _public_ops() -> list[torch._ops.OpOverload]:
+    """Every `aten::` overload (out= and in-place ones included) whose op a user calls by name."""
+    out = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::") and _is_public(name[len("aten::") :].partition(".")[0]):
+            op = _overload(name)
+            if op is not None and not _is_backend_specific(op):
+                out.append(op)
+    return out
+
+
+def universe(kind: str = "public") -> list[torch._ops.OpOverload]:
     """The ATen overloads coverage is measured against (see the module docstring).
 
     **Arguments:**
-    - `kind`: `"core"` (core-tagged ops plus `core_aten_decompositions()` keys) or `"all"`
-      (every registered `aten::` overload except backend-specific ones).
+    - `kind`: `"public"` (the default: the `"core"` ops plus every overload of an op a user
+      calls by name: `torch.X`, `Tensor.X`, `torch.nn.functional.X`, `torch.special`/`linalg`/`fft`,
+      e.g. `select_copy`, `histc`, `gelu.out`), `"core"` (core-tagged ops plus
+      `core_aten_decompositions()` keys) or `"all"` (every registered `aten::` overload except
+      backend-specific ones).
 
     **Returns:** the overloads, sorted by name.
     """
     ops: set = set()
+    if kind == "public":
+        return sorted(set(universe("core")) | set(_public_ops()), key=lambda o: o.name())
     if kind == "all":
         names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
         ops = {op for op in map(_overload, names) if op is not None}
@@ -165,7 +232,7 @@ def universe(kind: str = "core") -> list[torch._ops.OpOverload]:
                 if op is not None and torch.Tag.core in op.tags:
                     ops.add(op)
     else:
-        raise ValueError(f"unknown universe {kind!r}; use 'core' or 'all'")
+        raise ValueError(f"unknown universe {kind!r}; use 'public', 'core' or 'all'")
     ops = {op for op in ops if op.namespace == "aten" and not _is_backend_specific(op)}
     return sorted(ops, key=lambda o: o.name())
 
@@ -215,7 +282,7 @@ def _registered_overloads() -> Iterable[torch._ops.OpOverload]:
             yield key
 
 
-def report(kind: str = "core", progress: bool = True) -> Report:
+def report(kind: str = "public", progress: bool = True) -> Report:
     """Measure coverage over `universe(kind)`; see `Report.format` for the printed form."""
     families: collections.Counter = collections.Counter()
     for op in set(_registered_overloads()):
@@ -411,10 +478,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--universe",
-        choices=("core", "all"),
-        default="core",
-        help="core: core-tagged ATen ops + core_aten_decompositions() keys (default); all: every "
-        "aten overload except backend-specific ones",
+        choices=("public", "core", "all"),
+        default="public",
+        help="public: the core ops plus every overload of an op callable by name as torch.X, Tensor.X, "
+        "torch.nn.functional.X, torch.special/linalg/fft.X (default); core: core-tagged ATen ops + "
+        "core_aten_decompositions() keys; all: every aten overload except backend-specific ones",
     )
     ap.add_argument("--list-decomposed", action="store_true", help="list ops covered only via decompositions")
     ap.add_argument("--no-list-missing", action="store_true", help="print counts only")

@@ -165,3 +165,84 @@ def _scaled_dot_product_flash_attention_for_cpu(
 
 
 keep_whole(aten.scaled_dot_product_attention.default)  # see the module docstring
+
+
+# ---- nn.TransformerEncoderLayer's fast path (eval, no grad) ---------------------------------------
+def _layer_norm(x, weight, bias, eps):
+    mean = jnp.mean(x, -1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), -1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + eps) * weight + bias
+
+
+def _fast_path_mask(mask, mask_type, batch: int, heads: int, length: int):
+    """The `keep` mask (B, H, L, L) of `merge_masks`' output: True masks out (torch's bool masks;
+    a float mask is added to the scores, as `_masked_softmax` does)."""
+    if mask_type == 1:  # src_key_padding_mask (B, L)
+        mask = mask.reshape(batch, 1, 1, length)
+    elif mask_type == 0 or mask.ndim == 2:  # src_mask (L, L)
+        mask = mask.reshape(1, 1, length, length)
+    return mask
+
+
+@register(aten._transformer_encoder_layer_fwd.default)
+def transformer_encoder_layer_fwd(
+    src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first, eps,
+    norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2,
+    mask=None, mask_type=None,
+):  # fmt: skip
+    """`nn.TransformerEncoderLayer`'s fused eval-mode forward (batch_first `src` (B, L, E)), as torch's
+    CPU kernel computes it: self-attention whose fully masked rows give 0 (`_masked_softmax`),
+    residuals, layer norms before (`norm_first`) or after, and a relu/gelu feed-forward."""
+    x0 = src.astype(jnp.promote_types(src.dtype, jnp.float32))
+    batch, length, _ = x0.shape
+    head = embed_dim // num_heads
+
+    def attention(x):
+        qkv = x @ qkv_weight.T.astype(x.dtype) + qkv_bias.astype(x.dtype)
+        q, k, v = (t.reshape(batch, length, num_heads, head).transpose(0, 2, 1, 3) for t in jnp.split(qkv, 3, -1))
+        scores = (q / math.sqrt(head)) @ k.transpose(0, 1, 3, 2)
+        if mask is not None:
+            m = _fast_path_mask(mask, mask_type, batch, num_heads, length)
+            scores = _mask_out(scores, ~m) if m.dtype == np.bool_ else scores + m.astype(scores.dtype)
+        out = (_masked_softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(batch, length, embed_dim)
+        return out @ proj_weight.T.astype(x.dtype) + proj_bias.astype(x.dtype)
+
+    def feed_forward(x):
+        h = x @ ffn_weight_1.T.astype(x.dtype) + ffn_bias_1.astype(x.dtype)
+        h = jax.nn.gelu(h, approximate=False) if use_gelu else jax.nn.relu(h)
+        return h @ ffn_weight_2.T.astype(x.dtype) + ffn_bias_2.astype(x.dtype)
+
+    def norm1(x):
+        return _layer_norm(x, norm_weight_1, norm_bias_1, eps)
+
+    def norm2(x):
+        return _layer_norm(x, norm_weight_2, norm_bias_2, eps)
+
+    if norm_first:
+        x = x0 + attention(norm1(x0))
+        x = x + feed_forward(norm2(x))
+    else:
+        x = norm1(x0 + attention(x0))
+        x = norm2(x + feed_forward(x))
+    return x.astype(src.dtype)
+
+
+_NESTED = (
+    "nn.TransformerEncoder's eval-mode fast path turns a batch with a src_key_padding_mask into a "
+    "nested tensor (torch.{op}), which the jax device cannot hold. Build the encoder with "
+    "`nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)`: the unpadded positions "
+    "are the same; the padded ones hold computed values where the nested path gives 0 before the "
+    "encoder's final `norm` (the CPU gives the same with that flag)"
+)
+
+
+@register(aten._nested_tensor_from_mask_left_aligned.default)
+def nested_tensor_from_mask_left_aligned(t, mask):
+    """Refused: the nested path of `nn.TransformerEncoder` cannot run on the jax device (see `_NESTED`)."""
+    raise NotImplementedError(_NESTED.format(op="_nested_tensor_from_mask_left_aligned"))
+
+
+@register(aten._nested_tensor_from_mask.default)
+def nested_tensor_from_mask(t, mask, mask_check=True):
+    """Refused: see `nested_tensor_from_mask_left_aligned`."""
+    raise NotImplementedError(_NESTED.format(op="_nested_tensor_from_mask"))

@@ -8,9 +8,15 @@ Index semantics follow torch:
   shape: it works eagerly and raises `DataDependentError` under `jax.jit`. Writes through a
   mask (`x[mask] = v`, `index_put`, `masked_scatter`) keep the shape and stay jit-friendly.
 
-Out-of-range indices are not checked by default (an XLA gather cannot raise): reads clamp them
-into range, writes (`index_put`, `scatter`, `put`, `index_add`, ...) drop them. Torch raises
-instead; so does jaxtorch in checked mode (`jaxtorch.checks()`, see `bridge/core/_checks.py`).
+Out-of-range indices are not checked by default (an XLA gather cannot raise). Reads (`x[i]`,
+`index_select`, `gather`, `take_along_dim`, `take`, `embedding`) give a *fill value* where the
+index is out of range: NaN for floating and complex dtypes, the dtype's minimum for signed
+integers, its maximum for unsigned ones, True for bool (JAX's `mode="fill"` values), so the
+mistake shows up (a NaN loss) instead of a plausible wrong row. Out of range means outside
+what torch accepts: `[-n, n)` for `x[i]` and `take`, `[0, n)` for `index_select`, `gather`,
+`take_along_dim` and `embedding` (torch raises on a negative index there). Writes
+(`index_put`, `scatter`, `put`, `index_add`, ...) drop them. Torch raises instead; so does
+jaxtorch in checked mode (`jaxtorch.checks()`, see `bridge/core/_checks.py`).
 
 Example:
     ```python
@@ -29,7 +35,7 @@ import torch
 
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check_index
-from ..bridge.core._dtypes import canonical_int
+from ..bridge.core._dtypes import canonical_int, check_int_value
 from ._semantics import canon_dim, category, is_array, result_type
 from .registry import register
 
@@ -72,6 +78,12 @@ def _check_select(a, dim: int, index) -> None:
     """Checked mode: `index_select`/`embedding`'s `IndexError: index out of range in self`."""
     if _CHECKS[0]:
         check_index(index, a.shape[dim], IndexError, "index out of range in self", negative=False)
+
+
+def _no_negative(index, n: int):
+    """`index` with its negative entries made out of range (`n`): the ops whose torch kernel
+    raises on a negative index read the fill value there, not a wrapped row."""
+    return jnp.where(index < 0, n, index)
 
 
 def _index_tuple(indices: Sequence) -> tuple:
@@ -174,7 +186,7 @@ def _1d(x):
 def index(a, indices):
     """`x[i, :, j]` with tensor indices (what `aten.index` gets; `None` marks a full slice)."""
     _check_indices(a, indices)
-    return a[_index_tuple(indices)]
+    return a.at[_index_tuple(indices)].get(mode="fill")
 
 
 def _single_mask(indices) -> int | None:
@@ -249,7 +261,7 @@ def index_select(a, dim, index):
     """`x.index_select(1, idx)`."""
     _check_select(a, dim, index)
     return (
-        jnp.take(a, _1d(index), axis=dim, mode="clip")
+        jnp.take(a, _no_negative(_1d(index), a.shape[dim]), axis=dim, mode="fill")
         if a.size
         else jnp.zeros(a.shape[:dim] + (_1d(index).shape[0],) + a.shape[dim + 1 :], a.dtype)
     )
@@ -265,7 +277,7 @@ def take(a, index):
             IndexError,
             _flat_message(a.size),
         )
-    return a.reshape(-1)[index]
+    return a.reshape(-1).at[index].get(mode="fill")
 
 
 @register(aten.put.default)
@@ -284,7 +296,7 @@ def put(a, index, source, accumulate=False):
 def gather(a, dim, index, sparse_grad=False):
     """`x.gather(dim, idx)`: `out[i][j] = x[idx[i][j]][j]` for dim 0."""
     _check_along(a, dim, index)
-    return a[_along(_1d(index), dim)].reshape(index.shape)
+    return a.at[_along(_no_negative(_1d(index), a.shape[dim]), dim)].get(mode="fill").reshape(index.shape)
 
 
 def _scatter(a, dim, index, src, reduce=None, include_self=True):
@@ -375,6 +387,7 @@ def index_reduce(a, dim, index, source, reduce, include_self=True):
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(a, mask, value):
     """`x.masked_fill(mask, v)`."""
+    check_int_value(value, a.dtype, "masked_fill's value")  # int64 beyond 32 bits: Int64Error, not wrapped
     return jnp.where(mask.astype(bool), _fill_value(value, a.dtype), a)
 
 

@@ -545,8 +545,28 @@ def adaptive_max_pool1d(self, output_size):
 
 
 # ---- normalization ----------------------------------------------------------------------------
+def _one_dim(t, what: str = "TensorAccessor") -> None:
+    """torch's CPU kernels read running statistics (and, backward, the weight) as 1-dim tensors."""
+    if t is not None and t.ndim != 1:
+        raise RuntimeError(f"{what} expected 1 dims but tensor has {t.ndim}")
+
+
+def _per_channel(t, channels: int, name: str):
+    """A batch_norm weight or bias: torch accepts any shape holding one element per channel
+    (`(C,)`, `(1, C, 1, 1)`, ...) and reads it flat."""
+    if t is None:
+        return None
+    if t.size != channels:
+        raise RuntimeError(f"{name} should contain {channels} elements not {t.size}")
+    return t.reshape(channels)
+
+
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd, new_running_mean, new_running_var), torch's formulas."""
+    _one_dim(running_mean)
+    _one_dim(running_var)
+    weight = _per_channel(weight, input.shape[1], "weight")
+    bias = _per_channel(bias, input.shape[1], "bias")
     axes = (0,) + tuple(range(2, input.ndim))
     x = _opmath(input)
     if training:
@@ -636,6 +656,7 @@ def _batch_norm_grads(
             return _batch_norm(x, w, None, None, None, True, 0.0, eps)[0]
         return _batch_norm(x, w, None, running_mean, running_var, False, 0.0, eps)[0]
 
+    _one_dim(weight)  # torch's backward refuses the (1, C, 1, 1) weight its forward accepts
     w = weight if weight is not None else jnp.ones((input.shape[1],), input.dtype)
     gx, gw = _vjp(fwd, (input, w), grad_out)
     gb = jnp.sum(_opmath(grad_out), axis=(0,) + tuple(range(2, grad_out.ndim))).astype(input.dtype)
@@ -665,6 +686,12 @@ def batch_norm_backward(
 
 
 def _layer_norm(input, normalized_shape, weight, bias, eps):
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != tuple(normalized_shape):
+            raise RuntimeError(
+                f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
+                f"{list(t.shape)} and normalized_shape = {list(normalized_shape)}"
+            )
     axis = input.ndim - len(normalized_shape)
     axes = tuple(range(axis, input.ndim))
     x = _opmath(input)
@@ -1061,7 +1088,8 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     """Row lookup; the padding row gets no gradient, as in torch."""
     if _CHECKS[0]:
         check_index(indices, weight.shape[0], IndexError, "index out of range in self", negative=False)
-    out = jnp.take(weight, indices, axis=0)
+    # out of range (negative included, as torch): the fill value (NaN), like index_select (ops/indexing.py)
+    out = jnp.take(weight, jnp.where(indices < 0, weight.shape[0], indices), axis=0, mode="fill")
     if padding_idx is not None and padding_idx >= 0:
         out = jnp.where((indices == padding_idx)[..., None], lax.stop_gradient(out), out)
     return out

@@ -30,7 +30,7 @@ from jax.extend.core import concrete_or_error
 
 from ..bridge.core._dtypes import to_torch_dtype
 from ._semantics import canon_dim
-from .registry import keep_whole, register
+from .registry import keep_whole, lookup, register
 
 aten = torch.ops.aten
 
@@ -385,9 +385,57 @@ def clone(a, memory_format=None):
     return jnp.array(a, copy=True)
 
 
-@register(aten.alias_copy.default)
+@register(aten.alias_copy.default, aten.detach_copy.default)
 def alias_copy(a):
+    """`torch.alias_copy(x)`, `torch.detach_copy(x)`: a copy (autograd's detaching is torch's part)."""
     return jnp.array(a, copy=True)
+
+
+def _view_copies() -> dict[torch._ops.OpOverload, torch._ops.OpOverload]:
+    """Every functional `X_copy` overload torch tags `view_copy` -> the view overload `X` it copies
+    (`select_copy.int` -> `select.int`); `.out` overloads are derived by the interpreter."""
+    pairs = {}
+    for name in torch._C._dispatch_get_all_op_names():
+        base, _, overload = name.partition("::")[2].partition(".")
+        if not name.startswith("aten::") or not base.endswith("_copy"):
+            continue
+        try:
+            op = getattr(getattr(aten, base), overload or "default")
+            view = getattr(getattr(aten, base[: -len("_copy")]), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue
+        storage = base in ("_reshape_alias_copy", "as_strided_copy")  # strides of the input's storage
+        if torch.Tag.view_copy in op.tags and not op._schema.is_mutable and not storage:
+            pairs[op] = view
+    return pairs
+
+
+def _copy_of(view: torch._ops.OpOverload) -> Callable:
+    """The lowering of `X_copy`: `X`'s lowering, looked up at call time (arrays never alias, so the
+    view's values are the copy's)."""
+
+    def view_copy(*args, **kwargs):
+        lowering = lookup(view)
+        assert lowering is not None, f"{view}'s lowering was unregistered"
+        return lowering(*args, **kwargs)
+
+    view_copy.__name__ = view_copy.__qualname__ = f"{view._schema.name.split('::')[1]}_copy"
+    return view_copy
+
+
+def _decomposed(op: torch._ops.OpOverload) -> bool:
+    """Whether torch decomposes `op` (`permute_copy`, `as_strided_copy`, `split_with_sizes_copy`, ...):
+    those keep torch's decomposition, which routes the view through the interpreter's views (an
+    `as_strided` of the input's storage, `out=` lists of tensors) and then copies."""
+    from torch._decomp import decomposition_table
+
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return op in decomposition_table or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+
+
+for _copy_op, _view in _view_copies().items():  # views without a lowering (sparse, nested) stay out
+    if lookup(_copy_op) is None and lookup(_view) is not None and not _decomposed(_copy_op):
+        register(_copy_op)(_copy_of(_view))
 
 
 @register(aten.copy.default)
@@ -480,6 +528,8 @@ def rot90(a, k=1, dims=(0, 1)):
 def repeat(a, repeats):
     """`x.repeat(2, 3)`: tile, with extra leading repeats adding dims."""
     repeats = tuple(repeats)
+    if len(repeats) < a.ndim:  # jnp.tile would prepend ones: torch refuses
+        raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
     a = a.reshape((1,) * (len(repeats) - a.ndim) + a.shape)
     return jnp.tile(a, repeats)
 

@@ -77,6 +77,15 @@ def close(actual, expected, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     np.testing.assert_allclose(a, e, rtol=rtol, atol=atol)
 
 
+def load_cases() -> dict[str, Callable[[], None]]:
+    """Import every `cases_*.py` beside this file (each registers its cases) and return the registry."""
+    import importlib
+
+    for path in sorted(Path(__file__).parent.glob("cases_*.py")):
+        importlib.import_module(f"{__package__ or 'tests.adversarial'}.{path.stem}")
+    return CASES
+
+
 def failures() -> dict[str, str]:
     """Run every case here, in this process: {failing case: the first line of its error}."""
     out = {}
@@ -94,8 +103,7 @@ if __name__ == "__main__":  # python -m tests.adversarial.harness > tests/advers
     import sys
 
     registry = importlib.import_module("tests.adversarial.harness")  # not __main__: the cases register there
-    for family in ("compiled", "dtypes", "errors", "io", "loading", "random", "services", "state"):
-        importlib.import_module(f"tests.adversarial.cases_{family}")
+    registry.load_cases()
     sys.stdout.write(
         "# Known failures of the adversarial suite: 'case: reason', checked both ways by test_contracts.py.\n"
         "# Regenerate: python -m tests.adversarial.harness > tests/adversarial/expected_failures.txt\n"

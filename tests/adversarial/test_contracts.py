@@ -8,18 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from . import (  # noqa: F401
-    cases_compiled,
-    cases_dtypes,
-    cases_errors,
-    cases_grads,
-    cases_io,
-    cases_loading,
-    cases_random,
-    cases_services,
-    cases_state,
-)
-from .harness import CASES, load_expected
+from .harness import load_cases, load_expected
+
+CASES = load_cases()  # every cases_*.py beside this file
 
 EXPECTED = load_expected()
 

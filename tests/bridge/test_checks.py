@@ -128,7 +128,7 @@ def test_checked_mode_keeps_good_values(name, mode):
 
 @pytest.mark.parametrize("name", ["index", "embedding", "cross_entropy", "gather"])
 def test_off_by_default_nothing_raises(name):
-    """Off (the default), the programs are unchanged: out-of-range reads clamp as before."""
+    """Off (the default), nothing raises: out-of-range reads give the fill value (docs/api/errors.md)."""
     fn, args = BAD[name]
     with jaxtorch.default_env():
         fn(*_on_jax(args))

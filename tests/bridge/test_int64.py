@@ -86,3 +86,38 @@ def test_extract_exact_with_x64(x64):
     assert fn.state["count"].dtype == jnp.int64 and fn.state["count"].tolist() == [BIG, 5]
     out = fn(params, jnp.zeros((1, 2), jnp.float32))
     assert out.shape == (1, 2)
+
+
+_MASKED = {
+    "amax": lambda x, m: torch.masked.amax(x, 1, mask=m),
+    "amin": lambda x, m: torch.masked.amin(x, 1, mask=m),
+    "argmax": lambda x, m: torch.masked.argmax(x, 1, mask=m),
+    "argmin": lambda x, m: torch.masked.argmin(x, 1, mask=m),
+}
+
+
+@pytest.mark.parametrize("name", list(_MASKED))
+def test_int64_sentinels_of_masked_reductions_raise_naming_the_way_out(name):
+    # issue 30 item 7: torch fills masked-out int64 elements with iinfo(int64).min/max; an int32 stand-in
+    # would be inexact (a fully masked row: torch reports -9223372036854775808), so the error says why
+    # and names `x.int()`, which is exact
+    fn = _MASKED[name]
+    x = torch.tensor([[3, 1, 7], [2, 9, -(2**31)]])
+    m = torch.tensor([[True, False, True], [False, False, False]])
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(Int64Error, match=r"torch.iinfo\(torch.int64\).m..: the identity .*`x.int\(\)`"):
+            fn(x.to("jax"), m.to("jax"))
+    want = fn(x.int(), m)
+    got = fn(x.int().to("jax"), m.to("jax")).cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want)  # fully masked row included
+
+
+def test_int64_sentinel_fill_values_raise_naming_the_sentinel():
+    lo = torch.iinfo(torch.int64).min
+    with pytest.raises(Int64Error, match=r"iinfo\(torch.int64\).min"):
+        torch.full((2,), lo, device="jax")
+    with pytest.raises(Int64Error, match="masked_fill"):  # was a raw OverflowError from JAX
+        torch.tensor([1, 2], device="jax").masked_fill(torch.tensor([True, False], device="jax"), lo)
+    with pytest.raises(Int64Error) as err:  # user data beyond int32: no sentinel note
+        torch.full((2,), 2**40, device="jax")
+    assert "iinfo" not in str(err.value)

@@ -10,6 +10,8 @@ torch autograd on the `jax` device running the backward ops (`convolution_backwa
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -209,6 +211,31 @@ def test_norms_forward_and_grad():
     rm, rv = torch.randn(6), torch.rand(6) + 0.5
     _both(lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=False), x, w, b)
     _grad_check(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, w, b)
+
+
+def test_norm_weight_shapes_accepted_and_refused_as_torch_does():
+    # issue 30 item 6: F.batch_norm with a (1, C, 1, 1) weight crashed with a JAX broadcasting error
+    x = torch.randn(2, 3, 4, 5)
+    w, b = torch.randn(1, 3, 1, 1), torch.randn(3, 1)  # torch accepts any C elements, forward
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    _both(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, w, b)
+    _both(lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=False), x, w, b)
+    refused = {  # torch refuses these: so does jaxtorch, with torch's message
+        "should contain 3 elements not 4": lambda x, w, b: F.batch_norm(x, None, None, torch.ones(4), None, True),
+        "expected 1 dims but tensor has 4": lambda x, w, b: F.batch_norm(x, w, torch.ones(3), training=False),
+        "Expected weight to be of same shape": lambda x, w, b: F.layer_norm(x, (4, 5), torch.ones(1, 4, 5)),
+        "Expected bias to be of same shape": lambda x, w, b: F.layer_norm(x, (4, 5), None, torch.ones(20)),
+        "a vector of size equal to the number of channels": lambda x, w, b: F.group_norm(x, 3, w),
+        "repeat dims can not be smaller": lambda x, w, b: F.instance_norm(x, weight=w, bias=w),
+    }
+    for message, fn in refused.items():
+        with pytest.raises(RuntimeError, match=message):
+            fn(x, w, b)
+        with pytest.raises(RuntimeError, match=message):
+            _run(fn, x, w, b)
+    xj, wj = x.to("jax").requires_grad_(), w.to("jax").requires_grad_()
+    with pytest.raises(RuntimeError, match="expected 1 dims but tensor has 4"):  # torch's backward refuses it
+        F.batch_norm(xj, None, None, wj, None, training=True).sum().backward()
 
 
 def test_batchnorm_train_updates_running_stats_on_jax_device():
@@ -555,3 +582,54 @@ def test_activation_backward_from_output_matches_cpu_kernel(op, dtype):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     else:
         assert torch.equal(got, want)
+
+
+# ---- nn.TransformerEncoder(Layer)'s eval fast path (aten._transformer_encoder_layer_fwd) -----------
+def _encoder_pair(norm_first, activation, nested=True, final_norm=False):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        8, 2, 16, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    )
+    norm = torch.nn.LayerNorm(8) if final_norm else None
+    enc = torch.nn.TransformerEncoder(layer, 2, norm=norm, enable_nested_tensor=nested).eval()
+    return layer.eval(), enc
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_fast_path_matches_cpu(norm_first, activation):
+    # issue 30 item 12: the fused eval-mode layer was an UnsupportedOpError
+    layer, enc = _encoder_pair(norm_first, activation, nested=norm_first)  # nested: see the next test
+    x = torch.randn(3, 5, 8)
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True], [False] * 4 + [True]])
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5) < 0  # bool: True masks out
+    calls = {
+        "layer": lambda m, x: m(x),
+        "layer_pad": lambda m, x: m(x, src_key_padding_mask=pad.to(x.device)),
+        "layer_causal_pad": lambda m, x: m(x, src_mask=causal.to(x.device), src_key_padding_mask=pad.to(x.device)),
+        "encoder": lambda m, x: m(x),
+        "encoder_pad": lambda m, x: m(x, src_key_padding_mask=pad.to(x.device)),
+    }
+    for name, call in calls.items():
+        module = layer if name.startswith("layer") else enc
+        with torch.no_grad():
+            want = call(module, x)
+            got = call(copy.deepcopy(module).to("jax"), x.to("jax")).cpu()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_transformer_encoder_nested_path_refused_naming_the_flag(final_norm):
+    layer, enc = _encoder_pair(False, "relu", final_norm=final_norm)
+    x = torch.randn(2, 5, 8)
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    with torch.no_grad():
+        nested = enc(x, src_key_padding_mask=pad)  # CPU: padded positions are 0 before the final norm
+        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+            copy.deepcopy(enc).to("jax")(x.to("jax"), src_key_padding_mask=pad.to("jax"))
+        _, flat = _encoder_pair(False, "relu", nested=False, final_norm=final_norm)
+        want = flat(x, src_key_padding_mask=pad)
+        got = copy.deepcopy(flat).to("jax")(x.to("jax"), src_key_padding_mask=pad.to("jax")).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    keep = ~pad[..., None]
+    torch.testing.assert_close(got * keep, nested * keep, rtol=1e-5, atol=1e-5)  # the unpadded positions agree

@@ -332,3 +332,79 @@ def test_loss_backward_on_jax_device(name):
         (outj * cot.to("jax")).sum().backward()
         _assert_same(out, outj.detach().cpu())
         _assert_same(x.grad, xj.grad.cpu())
+
+
+# ---- out-of-range reads with checks off: the fill value (docs/api/errors.md, issue 30 item 5) ----
+_FILL = {torch.float32: float("nan"), torch.int32: -(2**31), torch.int64: -(2**31), torch.uint8: 255, torch.bool: True}
+_READS = {
+    "index": (lambda w, i: w[i], True),
+    "index_2d": (lambda w, i: w[i[:, None], torch.arange(3)], True),
+    "index_select": (lambda w, i: w.index_select(0, i), False),
+    "gather": (lambda w, i: w.gather(0, i[:, None].expand(-1, 3)), False),
+    "take": (lambda w, i: torch.take(w, i * 3), True),
+}
+
+
+@pytest.mark.parametrize("dtype", list(_FILL), ids=str)
+@pytest.mark.parametrize("op", list(_READS))
+@pytest.mark.parametrize("jit", [False, True])
+def test_out_of_range_reads_give_the_documented_fill_value(op, dtype, jit):
+    fn, wraps_negative = _READS[op]
+    w = (torch.arange(12).reshape(4, 3) % 5).to(dtype)
+    good = torch.tensor([1, -1 if wraps_negative else 3, 0])
+    bad = torch.tensor([1, 7, -5 if wraps_negative else -1])
+    ref = fn(w, good)  # in range: torch's value (a negative index wraps where torch allows it)
+    call = lambda a, i: jaxtorch.call_torch(fn, a, i)  # noqa: E731
+    call = jax.jit(call) if jit else call
+    _assert_same(ref, call(_j(w), _j(good)))
+    got = np.asarray(call(_j(w), _j(bad)))
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(w, bad)  # torch refuses these indices
+    row_ok = fn(w, torch.tensor([1])).numpy()
+    fill = np.full(row_ok.shape[1:], _FILL[dtype], got.dtype)
+    if op == "take":  # flat: one element per index
+        np.testing.assert_array_equal(got[0], row_ok[0])
+        np.testing.assert_array_equal(got[1:], np.full(2, _FILL[dtype], got.dtype))
+    else:
+        np.testing.assert_array_equal(got[0], row_ok[0])
+        np.testing.assert_array_equal(got[1], fill)
+        np.testing.assert_array_equal(got[2], fill)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_out_of_range_embedding_reads_nan_rows(jit):
+    w = torch.randn(5, 4)
+    call = lambda a, i: jaxtorch.call_torch(F.embedding, i, a)  # noqa: E731
+    call = jax.jit(call) if jit else call
+    got = np.asarray(call(_j(w), jnp.array([[2, 5], [-1, 4]])))
+    np.testing.assert_array_equal(got[0, 0], w[2].numpy())
+    np.testing.assert_array_equal(got[1, 1], w[4].numpy())
+    assert np.isnan(got[0, 1]).all() and np.isnan(got[1, 0]).all()  # torch: IndexError; not row 4 nor clamped
+    with pytest.raises(IndexError, match="index out of range in self"), jaxtorch.checks():
+        jaxtorch.call_torch(F.embedding, jnp.array([5]), _j(w))
+
+
+def test_take_along_dim_wraps_every_index_as_torch_does():
+    w = torch.arange(12.0).reshape(4, 3)
+    _check(lambda a, i: torch.take_along_dim(a, i, 0), w, torch.tensor([[5, -6, 3], [9, 0, -1]]))
+
+
+def test_view_copy_ops_are_the_view_then_a_copy():
+    # issue 30 item 6: torchax's suite found these missing (UnsupportedOpError)
+    x = torch.randn(3, 4)
+    _check(lambda a: torch.select_copy(a, 1, 2), x)
+    _check(lambda a: torch.slice_copy(a, 1, 1, 3), x)
+    _check(lambda a: torch.split_copy(a, 3, 1), x)
+    _check(lambda a: torch.detach_copy(a) * 2, x)
+    _check(lambda a: torch.view_as_real_copy(torch.complex(a, -a)), x)
+    _check(lambda a: torch._conj_copy(torch.complex(a, a)).imag, x)
+    _check(lambda a: torch.unbind_copy(a, 1), x)
+    _check(lambda a: torch.view_copy(a, (2, 6)), x)
+    _check(lambda a: torch.select_copy(a, 0, -1, out=torch.empty(4, device=a.device)), x)
+
+    def write_to_copy(a):  # a copy, not a view: writing to it leaves the input alone
+        c = torch.select_copy(a, 0, 0)
+        c.add_(100)
+        return a, c
+
+    _check(write_to_copy, x)

@@ -10,7 +10,10 @@ torch code by `torch_view`, JAX's default int32 is torch's default `int64`). Val
 int64/uint64 tensor that do not fit in 32 bits are refused with
 `Int64Error` where jaxtorch converts them (`.to("jax")`, `to_jax`, `extract`, factories);
 arithmetic done in JAX on int64 data held as int32 wraps at 2**31 as int32 arithmetic does,
-and jaxtorch cannot see that (turn 64-bit mode on for exact int64). float64 and complex128 follow
+and jaxtorch cannot see that (turn 64-bit mode on for exact int64). torch's own int64
+sentinels, `torch.iinfo(torch.int64).min/max` (the identity `torch.masked.amax` & co. fill masked
+elements with), are refused the same way, with a note saying so: they are not saturated to
+int32's bounds, which would change a fully masked row's result; `x.int()` is exact. float64 and complex128 follow
 one rule: with 64-bit mode on they are what they say; with it off, jaxtorch never narrows
 them silently: float64 data entering JAX (`.to("jax")`, `copy_`, `extract` of a `.double()`
 model) and float64 asked for on the jax device (`dtype=torch.float64` in a factory or a
@@ -152,9 +155,25 @@ def check_int_range(low, high, dtype: torch.dtype, where: str = "") -> None:
     if info is None:
         return
     if low < info.min:
-        raise Int64Error(dtype, low, where)
+        raise Int64Error(dtype, low, where + _sentinel_note(low, dtype))
     if high > info.max:
-        raise Int64Error(dtype, high, where)
+        raise Int64Error(dtype, high, where + _sentinel_note(high, dtype))
+
+
+def _sentinel_note(value, dtype: torch.dtype) -> str:
+    """Why torch's own code met an int64 sentinel, and the exact way out (no saturation: an int32
+    stand-in for `iinfo(int64).min` would change what torch reports, e.g. `torch.masked.amax` of a
+    fully masked row is -9223372036854775808, and `argmax` ties with a user value at int32's bound)."""
+    info = torch.iinfo(dtype)
+    if value not in (info.min, info.max):
+        return ""
+    which = "min" if value == info.min else "max"
+    return (
+        f" (torch.iinfo({dtype}).{which}: the identity torch's code fills with, e.g. for the masked-out "
+        f"elements of torch.masked.amax/amin/argmax/argmin; it cannot be held in 32 bits, and an int32 "
+        f"stand-in would change the result of a fully masked row; cast the input to torch.int32 "
+        f"(`x.int()`), whose identity fits, or turn on 64-bit mode)"
+    )
 
 
 def check_int_value(value, dtype, where: str = "") -> None:
