@@ -1,7 +1,7 @@
 """Checked mode: torch's value errors (out-of-range indices, integer division by zero) on JAX.
 
-An XLA gather cannot raise, so by default an out-of-range index is clamped (reads) or dropped
-(writes), where CPU torch raises `IndexError`. `jaxtorch.checks()` (or `JAXTORCH_CHECKS=1` in
+An XLA gather cannot raise, so by default an out-of-range read gives the fill value (NaN for floats,
+the rule in docs/api/errors.md) and an out-of-range write is dropped, where CPU torch raises `IndexError`. `jaxtorch.checks()` (or `JAXTORCH_CHECKS=1` in
 the environment, read at import) turns on checks that raise torch's error instead:
 
 - concretely (op by op, values known): a plain Python check, raised at the op;
