@@ -283,9 +283,15 @@ def make_train_step(
     - `trainable`: globs, a list of globs or a predicate `(name, array) -> bool`
       selecting the trained parameters among the trainable ones; the rest go to
       `TrainState.model_state` with the buffers and frozen parameters. Everything there stays
-      bit-identical, except buffers the forward writes (BatchNorm statistics).
+      bit-identical, except buffers the forward writes (BatchNorm statistics). A selection of
+      no parameter, or a glob matching none, raises `ValueError` naming the parameters (torch's
+      optimizers refuse an empty parameter list).
     - `accumulate`: split each batch into this many micro-batches along axis 0, run them
-      one after another (buffers threaded through) and apply the averaged gradient once.
+      one after another (buffers threaded through) and apply the averaged gradient once:
+      torch's `(loss / accumulate).backward()` per micro-batch, then one `opt.step()`; the
+      loss returned is the micro-batch losses' mean. Every input or target array with a leading
+      dimension is a batch array and is split; they must share that size. Python values
+      (`use_cache=False`, a scalar), None and 0-d arrays go unchanged to every micro-step.
     - `remat`: rematerialize the forward in the backward (`jax.checkpoint`) with this
       policy: True/"full", a `jax.checkpoint_policies` name, or a policy.
     - `mixed_precision`: None, "bf16"/"fp16" or a `MixedPrecision`: compute in low
@@ -319,7 +325,15 @@ def make_train_step(
       sharded by `shard`) and `model_state` (`fn.state`-style), with a fresh optimizer state.
     - `step(state, inputs, targets, rng=None) -> (state, loss)`: one update. `inputs` is
       one array, a tuple of positional arguments or a dict of keyword arguments;
-      `rng` is the JAX key that dropout and other random ops draw from.
+      `rng` is the JAX key that dropout and other random ops draw from. Arrays and tensors
+      are the program's inputs; other values (Python scalars and bools such as HF's
+      `use_cache=False`, strings) reach the model as the Python values they are, as in torch,
+      and a new value compiles a new program (pass a 0-d array for a value that changes every
+      step). A state on one device (`init()`'s) given a batch spread over a mesh
+      (`DeviceLoader`, `shard_batch`) is replicated onto that mesh; a state on other devices
+      raises, naming `shard(state, mesh)`. Under `jaxtorch.checks()` the step runs checked
+      and does not donate: a failed check raises torch's error (an out-of-range target's
+      `IndexError`) and the state given stays usable.
     """
     if accumulate < 1:
         raise ValueError(f"accumulate must be >= 1, got {accumulate}")
