@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     cases_random,
     cases_services,
     cases_state,
+    cases_training,
 )
 from .harness import CASES, load_expected
 
