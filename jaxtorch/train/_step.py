@@ -100,7 +100,7 @@ def _check_selection(mask: dict[str, bool], trainable: Trainable, model: torch.n
     **Example:** `_check_selection({"fc.weight": False}, "head.*", model)` raises, naming `fc.weight`.
     """
     globs = [trainable] if isinstance(trainable, str) else [] if trainable is None or callable(trainable) else trainable
-    unmatched = [g for g in globs if not any(fnmatch.fnmatchcase(n, g) for n in mask)]  # type: ignore[arg-type]
+    unmatched = [g for g in globs if not any(fnmatch.fnmatchcase(n, g) for n in mask)]
     if any(mask.values()) and not unmatched:
         return
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
@@ -194,7 +194,7 @@ def micro_batches(tree: Any, accumulate: int) -> tuple[list, Callable[[list], An
 
     def name(i: int) -> str:
         path = flat[i][0]
-        return ("inputs" if path[0].idx == 0 else "targets") + jax.tree_util.keystr(path[1:])  # type: ignore[attr-defined]
+        return ("inputs" if path[0].idx == 0 else "targets") + jax.tree_util.keystr(path[1:])
 
     if not batch:
         raise ValueError(f"accumulate={accumulate}: the inputs and targets hold no array with a batch dimension")
@@ -246,7 +246,8 @@ def place_state(state: TrainState, batch: Any) -> TrainState:
         return state
     check_not_donated(state, "step")
     leaves = [x for x in jax.tree_util.tree_leaves(state) if isinstance(x, jax.Array)]
-    if all(len(x.sharding.device_set) == 1 for x in leaves):
+    local = all(d.process_index == jax.process_index() for d in mesh.devices.flat)  # (else: shard() assembles)
+    if local and all(len(x.sharding.device_set) == 1 for x in leaves):
         return jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
     raise ValueError(
         f"step: the state lives on {len(devices)} devices and the batch on a mesh of {mesh.size} others "
@@ -457,7 +458,7 @@ def make_train_step(
 
     def lower(state: TrainState, inputs, targets, rng: jax.Array | None = None):
         inputs, targets = wrap_static(_torch_to_jax((inputs, targets)))
-        return compiled.lower(state, inputs, targets, rng)  # type: ignore[attr-defined]
+        return compiled.lower(state, inputs, targets, rng)  # type: ignore[union-attr]
 
     run.__doc__ = step.__doc__ = "step(state, inputs, targets, rng=None) -> (state, loss): one optimizer update."
     run.lower = lower if jit else None  # type: ignore[attr-defined]  # AOT: step.lower(state, x, y, key).compile()
