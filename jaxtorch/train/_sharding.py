@@ -19,7 +19,7 @@ Megatron-style tensor parallelism of a two-layer MLP on a `("data", "model")` me
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -106,7 +106,10 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
     """Place a batch (any pytree of arrays / CPU torch tensors) split along axis 0 over `axis`.
 
     Torch tensors are read as snapshots (see `jaxtorch.to_jax`): writing to them after the
-    call (a loader reusing its buffer) never changes the placed arrays.
+    call (a loader reusing its buffer) never changes the placed arrays. A batch that is a
+    mapping but not a dict (Hugging Face's `BatchEncoding`, what its collators return) comes
+    back as a dict (which `make_train_step`'s `step` takes as keyword arguments). Every array
+    with a leading dimension is split along it: its rows must divide over the mesh axis.
 
     In a multi-process run each process passes its own part of the global batch (its
     local rows) and gets the global array back (`jax.make_array_from_process_local_data`).
@@ -116,6 +119,8 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
         x, y = shard_batch((x, y), mesh)     # rows spread over mesh axis "data"
         ```
     """
+    if isinstance(batch, Mapping) and not isinstance(batch, dict):  # HF's BatchEncoding (a UserDict)
+        batch = dict(batch)  # a dict: the containers JAX walks, and `step` takes it as keyword arguments
     sharding = NamedSharding(mesh, PartitionSpec(axis))
     names = (axis,) if isinstance(axis, str) else () if axis is None else tuple(axis)
     parts = int(np.prod([mesh.shape[a] for a in names]))
