@@ -218,8 +218,13 @@ def micro_batches(tree: Any, accumulate: int) -> tuple[list, Callable[[list], An
     return parts, rebuild
 
 
+def _concrete(x: Any) -> bool:
+    """Whether `x` is a `jax.Array` with a buffer (not a tracer: the step may run under a user's jit)."""
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
 def _deleted(x: Any) -> bool:
-    return isinstance(x, jax.Array) and x.is_deleted()
+    return _concrete(x) and x.is_deleted()
 
 
 def place_state(state: TrainState, batch: Any) -> TrainState:
@@ -235,17 +240,17 @@ def place_state(state: TrainState, batch: Any) -> TrainState:
         (
             x.sharding.mesh
             for x in jax.tree_util.tree_leaves(batch)
-            if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh.size > 1
+            if _concrete(x) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh.size > 1
         ),
         None,
     )
-    if mesh is None or not isinstance(state.step, jax.Array) or _deleted(state.step):
+    if mesh is None or not _concrete(state.step) or _deleted(state.step):
         return state
     devices = state.step.sharding.device_set
     if devices == set(mesh.devices.flat):
         return state
     check_not_donated(state, "step")
-    leaves = [x for x in jax.tree_util.tree_leaves(state) if isinstance(x, jax.Array)]
+    leaves = [x for x in jax.tree_util.tree_leaves(state) if isinstance(x, jax.Array)]  # (concrete: step is)
     local = all(d.process_index == jax.process_index() for d in mesh.devices.flat)  # (else: shard() assembles)
     if local and all(len(x.sharding.device_set) == 1 for x in leaves):
         return jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
