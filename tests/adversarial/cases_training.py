@@ -942,3 +942,140 @@ def _batch_encoding():
     expected.backward()
     opt.step()
     _matches(state, [float(loss)], ref, [expected.item()])
+
+
+# ---- optax's own patterns, and the loaders' edges ---------------------------------------------------------
+@case("training/opt/adamw_no_decay_on_biases_like_torch_groups")
+def _no_decay_mask():
+    def is_weight(params):
+        return {k: k.endswith("weight") for k in params}
+
+    def groups(m):
+        decay = [p for n, p in m.named_parameters() if n.endswith("weight")]
+        rest = [p for n, p in m.named_parameters() if not n.endswith("weight")]
+        return torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=1e-2, weight_decay=0.1)
+
+    _versus_torch(groups, optax.adamw(1e-2, weight_decay=0.1, mask=is_weight))
+
+
+@case("training/accumulate/equals_optax_multisteps")
+def _multisteps():
+    x, y = _batches(1, rows=8)[0]
+    acc, _ = _jax_run(_mlp(), optax.sgd(0.1, momentum=0.9), [(x, y)], accumulate=2)
+    multi, _ = _jax_run(_mlp(), optax.MultiSteps(optax.sgd(0.1, momentum=0.9), 2), [(x[:4], y[:4]), (x[4:], y[4:])])
+    for k in acc.params:
+        close(multi.params[k], acc.params[k], rtol=1e-5, atol=1e-6)
+    assert int(acc.step) == 1, acc.step  # one optimizer update per step, whatever `accumulate`
+
+
+@case("training/loss/dict_targets_multi_task")
+def _dict_targets():
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.a, self.b = _mlp(d_out=5), nn.Linear(5, 2), nn.Linear(5, 3)
+
+        def forward(self, x):
+            h = torch.tanh(self.body(x))
+            return self.a(h), self.b(h)
+
+    model = TwoHeads()
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(8)
+    x, ya, yb = torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g), torch.randint(0, 3, (8,), generator=g)
+    init, step = make_train_step(model, lambda o, t: _mse(o[0], t["a"]) + _xent(o[1], t["b"]), optax.sgd(0.1))
+    state, loss = step(init(), x, {"a": ya, "b": yb})
+    out = ref(x)
+    expected = F.mse_loss(out[0], ya) + F.cross_entropy(out[1], yb)
+    expected.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    _matches(state, [float(loss)], ref, [expected.item()])
+
+
+@case("training/state/two_inits_are_independent_under_donation")
+def _two_inits():
+    init, step = make_train_step(_mlp(), _mse, optax.sgd(0.1))
+    a, b = init(), init()
+    x, y = _batches(1)[0]
+    a2, la = step(a, x, y)
+    b2, lb = step(b, x, y)  # b was not donated by a's step
+    equal(np.asarray(la), np.asarray(lb))
+    for k in a2.params:
+        equal(np.asarray(a2.params[k]), np.asarray(b2.params[k]))
+
+
+@case("training/model/uint8_images_normalised_in_forward")
+def _uint8():
+    class Pixels(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = _mlp(d_in=6)
+
+        def forward(self, x):
+            return self.fc(x.float() / 255.0)
+
+    model = Pixels()
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(9)
+    batches = [(torch.randint(0, 256, (8, 6), generator=g, dtype=torch.uint8), torch.randn(8, 3, generator=g))]
+    state, losses = _jax_run(model, optax.sgd(0.1), batches)
+    _matches(state, losses, ref, _torch_run(ref, torch.optim.SGD(ref.parameters(), lr=0.1), batches))
+
+
+@case("training/model/mixed_precision_keeps_buffer_dtypes")
+def _mp_buffers():
+    model = _bn_net()
+    init, step = make_train_step(model, _mse, optax.sgd(0.1), mixed_precision="bf16")
+    state = init()
+    for x, y in _batches():
+        state, _ = step(state, x, y)
+    for name, t in model.state_dict().items():
+        values = {**state.params, **state.model_state}
+        assert str(values[name].dtype) == str(t.dtype).replace("torch.", "").replace("int64", "int32"), (
+            name,
+            values[name].dtype,
+            t.dtype,
+        )
+    assert int(state.model_state["1.num_batches_tracked"]) == 3
+
+
+@case("training/loader/len_of_a_generator_is_a_clear_error")
+def _len_generator():
+    placed = DeviceLoader(x for x in [torch.ones(2)])
+    refuses_or(lambda: len(placed), "len")
+    equal(np.asarray(next(iter(placed))), np.ones(2, np.float32))
+
+
+@case("training/loader/xla_loader_refuses_bad_arguments")
+def _xla_bad():
+    loader = [torch.ones(4)]
+    for build, words in [
+        (lambda: xm.MpDeviceLoader(loader, "cpu"), ("jax",)),
+        (lambda: xm.MpDeviceLoader(loader, xm.xla_device(lazy=False), batchdim=1), ("batchdim",)),
+        (lambda: xm.ParallelLoader(loader, batches_per_execution=0), ("batches_per_execution",)),
+        (lambda: xm.MpDeviceLoader(loader, xm.xla_device(lazy=False), prefetch_size=2), ("prefetch_size",)),
+    ]:
+        try:
+            build()
+        except (ValueError, TypeError, NotImplementedError) as e:
+            clear_error(e, *words)
+        else:
+            raise AssertionError(f"accepted: {words}")
+
+
+@case("training/loader/mp_device_loader_batches_per_execution_marks_steps")
+def _bpe():
+    from jaxtorch.bridge.core import _lazy
+
+    syncs = []
+    real = _lazy.sync
+    _lazy.sync = lambda: syncs.append(1)  # type: ignore[assignment]
+    was = _lazy.is_enabled()
+    try:
+        _lazy.set_enabled(True)
+        with jaxtorch.default_env():
+            n = len(list(xm.MpDeviceLoader([torch.ones(2)] * 5, xm.xla_device(), batches_per_execution=2)))
+    finally:
+        _lazy.sync = real  # type: ignore[assignment]
+        _lazy.set_enabled(was)
+    assert n == 5 and len(syncs) == 3, (n, syncs)  # after batches 2, 4 and the last (5)
