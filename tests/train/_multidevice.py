@@ -238,11 +238,13 @@ def check_device_loader_loop():
     torch.manual_seed(0)
     model = MLP()
     batches = _batches()
+    torch_loader = torch.utils.data.DataLoader(batches, batch_size=None)  # yields the batches as they are
+    mesh, key = jaxtorch.train.data_mesh(), jax.random.key(0)
     init, step = make_train_step(model, mse, optax.adam(1e-2))
     state = init()
     losses = []
-    for x, y in DeviceLoader(batches):  # as the docstring writes it (default mesh: all devices)
-        state, loss = step(state, x, y)
+    for x, y in DeviceLoader(torch_loader, mesh):  # the docstring's loop, as written
+        state, loss = step(state, x, y, key)
         losses.append(float(loss))
     ref_state, ref_losses = _train(model)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
