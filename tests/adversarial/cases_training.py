@@ -1079,3 +1079,90 @@ def _bpe():
         _lazy.sync = real  # type: ignore[assignment]
         _lazy.set_enabled(was)
     assert n == 5 and len(syncs) == 3, (n, syncs)  # after batches 2, 4 and the last (5)
+
+
+# ---- the step's inputs: what a loop hands it -------------------------------------------------------------
+@case("training/inputs/as_torch_device_loader_batches")
+def _as_torch_batches():
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    batches = _batches()
+    init, step = make_train_step(model, _mse, optax.sgd(0.1))
+    state, losses = init(), []
+    for x, y in DeviceLoader(batches, as_torch=True):  # JaxTensors
+        state, loss = step(state, x, y)
+        losses.append(float(loss))
+    _matches(state, losses, ref, _torch_run(ref, torch.optim.SGD(ref.parameters(), lr=0.1), batches))
+
+
+@case("training/inputs/numpy_batches")
+def _numpy_batches():
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    batches = _batches()
+    state, losses = _jax_run(model, optax.sgd(0.1), [(x.numpy(), y.numpy()) for x, y in batches])
+    _matches(state, losses, ref, _torch_run(ref, torch.optim.SGD(ref.parameters(), lr=0.1), batches))
+
+
+@case("training/inputs/python_scalar_target")
+def _scalar_target():
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    x, _ = _batches(1)[0]
+    init, step = make_train_step(model, _mse, optax.sgd(0.1))
+    state, loss = step(init(), x, 0.5)
+    expected = F.mse_loss(ref(x), torch.full((8, 3), 0.5))
+    expected.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    _matches(state, [float(loss)], ref, [expected.item()])
+
+
+@case("training/state/init_from_extract_equals_init")
+def _init_from_extract():
+    model = _mlp()
+    params, fn = jaxtorch.extract(model, mutable=True)
+    init, step = make_train_step(model, _mse, optax.adam(1e-2))
+    a, b = init(), init(params=dict(params), model_state=dict(fn.state))
+    x, y = _batches(1)[0]
+    (a2, la), (b2, lb) = step(a, x, y), step(b, x, y)
+    equal(np.asarray(la), np.asarray(lb))
+    for k in a2.params:
+        equal(np.asarray(a2.params[k]), np.asarray(b2.params[k]))
+
+
+@case("training/state/aot_lower_compile_runs_the_same_step")
+def _aot():
+    model = _mlp()
+    init, step = make_train_step(model, _mse, optax.sgd(0.1), donate=False)
+    x, y = _batches(1)[0]
+    state = init()
+    compiled = step.lower(state, x, y).compile()
+    (s1, l1), (s2, l2) = compiled(state, jaxtorch.to_jax(x), jaxtorch.to_jax(y), None), step(state, x, y)
+    equal(np.asarray(l1), np.asarray(l2))
+    for k in s1.params:
+        equal(np.asarray(s1.params[k]), np.asarray(s2.params[k]))
+
+
+@case("training/inputs/static_bool_with_jit_false_and_accumulate")
+def _jit_false_static():
+    class Flagged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _mlp()
+
+        def forward(self, x, flag):
+            assert flag is True, flag
+            return self.net(x)
+
+    model = Flagged()
+    ref = copy.deepcopy(model)
+    x, y = _batches(1)[0]
+    init, step = make_train_step(model, _mse, optax.sgd(0.1), jit=False, accumulate=2)
+    state, loss = step(init(), (x, True), y)
+    opt, total = torch.optim.SGD(ref.parameters(), lr=0.1), 0.0
+    for xs, ys in zip(x.chunk(2), y.chunk(2)):
+        part = F.mse_loss(ref(xs, True), ys) / 2
+        part.backward()
+        total += part.item()
+    opt.step()
+    _matches(state, [float(loss)], ref, [total])
