@@ -143,7 +143,8 @@ class ParallelLoader(DeviceLoader):
 
     **Arguments:**
     - `loader`: a torch `DataLoader` (or any iterable of tensor batches).
-    - `devices`: the devices to spread over (default: all); or pass `mesh`/`axis`.
+    - `devices`: the devices to spread over (default: all; the `jax` device without an
+      index, torch_xla's `[xm.xla_device()]`, means all too); or pass `mesh`/`axis`.
     - torch_xla's keywords: `batches_per_execution` (batches recorded per `mark_step` in lazy
       mode; default 1), `device_prefetch_size` (batches placed ahead, as `prefetch`),
       `loader_prefetch_size` and `host_to_device_transfer_threads` (accepted: placement is
@@ -186,7 +187,7 @@ class ParallelLoader(DeviceLoader):
             raise ValueError(f"ParallelLoader: batches_per_execution must be >= 1, got {batches_per_execution}")
         if mesh is None:
             jdevs = None
-            if devices is not None:
+            if devices is not None and not any(_all_devices(d) for d in devices):
                 jdevs = [d if isinstance(d, jax.Device) else _jax_device(d) for d in devices]
             mesh = data_mesh(jdevs, axis)
         if device_prefetch_size is not None:
@@ -228,12 +229,15 @@ class MpDeviceLoader(ParallelLoader):
     """
 
     def __init__(self, loader: Iterable, device: Any = None, **kwargs):
-        index = None if device is None or isinstance(device, jax.Device) else torch.device(device).index
         if device is not None and not isinstance(device, jax.Device) and torch.device(device).type != DEVICE_TYPE:
             raise ValueError(f"MpDeviceLoader: device {device!r} is not the `jax` device (`xm.xla_device()`)")
-        devices = None if index is None and not isinstance(device, jax.Device) else [device]
-        super().__init__(loader, devices, **kwargs)
+        super().__init__(loader, None if device is None else [device], **kwargs)
         self.device = device
+
+
+def _all_devices(d) -> bool:
+    """Whether `d` is the `jax` device without an index: all of this process's devices (SPMD)."""
+    return not isinstance(d, jax.Device) and torch.device(d).index is None
 
 
 def _jax_device(d) -> jax.Device:

@@ -220,6 +220,8 @@ def _check_mp_device_loader(loader):
     assert len(batches) == 2 and all(xm.is_xla_tensor(t) for b in batches for t in b)
     assert len(batches[0][0].elem.sharding.device_set) == 8  # one process feeds all its devices
     np.testing.assert_array_equal(torch.cat([b[0].cpu() for b in batches]).numpy(), np.arange(64.0).reshape(32, 2))
+    spread = next(iter(xm.ParallelLoader(loader, [xm.xla_device()]).per_device_loader(xm.xla_device())))
+    assert len(spread[0].elem.sharding.device_set) == 8  # torch_xla's ParallelLoader(loader, [device]) idiom
     one = list(xm.MpDeviceLoader(loader, xm.xla_device(3), batches_per_execution=2, host_to_device_transfer_threads=2))
     assert [b[0].elem.devices() for b in one] == [{jax.devices()[3]}] * 2
     np.testing.assert_array_equal(one[1][1].cpu().numpy(), np.arange(16, 32))
