@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -84,10 +84,11 @@ def _place_like(opt_state, train: dict):
 
 
 def _as_call(inputs) -> tuple[tuple, dict]:
-    """`inputs` as positional/keyword arguments: a tuple is unpacked, a dict is keywords."""
+    """`inputs` as positional/keyword arguments: a tuple is unpacked, a dict (any mapping, such as
+    Hugging Face's `BatchEncoding`) is keywords."""
     if isinstance(inputs, tuple) and not hasattr(type(inputs), "_fields"):
         return inputs, {}
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):
         return (), inputs
     return (inputs,), {}
 
@@ -442,6 +443,8 @@ def make_train_step(
     checked: list[Callable] = []  # built at the first step under `jaxtorch.checks()`
 
     def run(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
+        if isinstance(inputs, Mapping) and not isinstance(inputs, dict):  # BatchEncoding: JAX walks dicts
+            inputs = dict(inputs)
         inputs, targets = wrap_static(_torch_to_jax((inputs, targets)))
         state = place_state(state, (inputs, targets))
         if _checks.enabled():  # checkify'd and not donated: a failed check raises torch's error, state intact

@@ -935,8 +935,10 @@ def _batch_encoding():
     batch = next(iter(DeviceLoader([BatchEncoding({"input_ids": ids, "attention_mask": mask})])))
     assert all(isinstance(v, jax.Array) for v in batch.values()), {k: type(v) for k, v in batch.items()}
     y = torch.randn(4, 3)
-    init, step = make_train_step(model, _mse, optax.sgd(0.1))
+    init, step = make_train_step(model, _mse, optax.sgd(0.1), donate=False)
     state, loss = step(init(), batch, y)
+    direct, direct_loss = step(init(), BatchEncoding({"input_ids": ids, "attention_mask": mask}), y)  # as collated
+    equal(np.asarray(direct_loss), np.asarray(loss))
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     expected = F.mse_loss(ref(input_ids=ids, attention_mask=mask), y)
     expected.backward()
