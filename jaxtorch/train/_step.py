@@ -89,7 +89,7 @@ def _as_call(inputs) -> tuple[tuple, dict]:
     if isinstance(inputs, tuple) and not hasattr(type(inputs), "_fields"):
         return inputs, {}
     if isinstance(inputs, Mapping):
-        return (), inputs
+        return (), dict(inputs)
     return (inputs,), {}
 
 
