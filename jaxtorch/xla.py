@@ -143,7 +143,13 @@ class ParallelLoader(DeviceLoader):
 
     **Arguments:**
     - `loader`: a torch `DataLoader` (or any iterable of tensor batches).
-    - `devices`: the devices to spread over (default: all); or pass `mesh`/`axis`.
+    - `devices`: the devices to spread over (default: all; the `jax` device without an
+      index, torch_xla's `[xm.xla_device()]`, means all too); or pass `mesh`/`axis`.
+    - torch_xla's keywords: `batches_per_execution` (batches recorded per `mark_step` in lazy
+      mode; default 1), `device_prefetch_size` (batches placed ahead, as `prefetch`),
+      `loader_prefetch_size` and `host_to_device_transfer_threads` (accepted: placement is
+      asynchronous, there is no host queue or thread to size), `batchdim` (0 only) and
+      `input_sharding` (None only: give `mesh`/`axis`); others raise `TypeError`.
 
     **Example:**
         ```python
@@ -160,26 +166,78 @@ class ParallelLoader(DeviceLoader):
         mesh=None,
         axis: str = "data",
         prefetch: int = 1,
+        batchdim: int = 0,
+        batches_per_execution: int = 1,
+        loader_prefetch_size: int = 16,
+        device_prefetch_size: int | None = None,
+        host_to_device_transfer_threads: int = 1,
+        input_sharding: Any = None,
     ):
+        if batchdim != 0:
+            raise NotImplementedError(
+                f"ParallelLoader: batchdim={batchdim}: batches are split along dimension 0 only; "
+                "move the batch dimension first (`x.movedim(batchdim, 0)`) in the loader's collate_fn"
+            )
+        if input_sharding is not None:
+            raise NotImplementedError(
+                "ParallelLoader: torch_xla's input_sharding (a ShardingSpec) is not supported; give "
+                "`mesh=` (a jax.sharding.Mesh) and `axis=` (the mesh axis the batch is split over)"
+            )
+        if batches_per_execution < 1:
+            raise ValueError(f"ParallelLoader: batches_per_execution must be >= 1, got {batches_per_execution}")
         if mesh is None:
             jdevs = None
-            if devices is not None:
+            if devices is not None and not any(_all_devices(d) for d in devices):
                 jdevs = [d if isinstance(d, jax.Device) else _jax_device(d) for d in devices]
             mesh = data_mesh(jdevs, axis)
+        if device_prefetch_size is not None:
+            prefetch = device_prefetch_size
         super().__init__(loader, mesh, axis, as_torch=True, prefetch=prefetch)
+        self.batches_per_execution = batches_per_execution
 
     def __iter__(self):
-        for batch in super().__iter__():
+        i = 0
+        for i, batch in enumerate(super().__iter__(), 1):
             yield batch
-            if _lazy.is_enabled():  # the step on this batch is recorded: run it (torch_xla does)
+            # the steps on the last `batches_per_execution` batches are recorded: run them (torch_xla does)
+            if _lazy.is_enabled() and i % self.batches_per_execution == 0:
                 _lazy.sync()
+        if _lazy.is_enabled() and i % self.batches_per_execution:  # the last, shorter group
+            _lazy.sync()
 
     def per_device_loader(self, device=None) -> ParallelLoader:
         """torch_xla compatibility: the loader itself (one process feeds all its devices)."""
         return self
 
 
-MpDeviceLoader = ParallelLoader
+class MpDeviceLoader(ParallelLoader):
+    """torch_xla's `MpDeviceLoader(loader, device, **kwargs)`: `loader`'s batches on `device`.
+
+    One JAX process drives all its local devices, so the `jax` device without an index
+    (`xla_device()`) means all of them: each batch is split along dimension 0 over them (as
+    torch_xla's one-process-per-device loaders together do). `jax:n` (`xla_device(n)`) places
+    each batch whole on that one device. `kwargs` are `ParallelLoader`'s (torch_xla's names
+    included: `batches_per_execution`, `loader_prefetch_size`, `device_prefetch_size`, ...).
+    `len()` is the wrapped loader's.
+
+    **Example:**
+        ```python
+        device = xm.xla_device()
+        for x, y in pl.MpDeviceLoader(train_loader, device):     # x, y: jax tensors
+            loss = loss_fn(model(x), y); loss.backward(); xm.optimizer_step(opt)
+        ```
+    """
+
+    def __init__(self, loader: Iterable, device: Any = None, **kwargs):
+        if device is not None and not isinstance(device, jax.Device) and torch.device(device).type != DEVICE_TYPE:
+            raise ValueError(f"MpDeviceLoader: device {device!r} is not the `jax` device (`xm.xla_device()`)")
+        super().__init__(loader, None if device is None else [device], **kwargs)
+        self.device = device
+
+
+def _all_devices(d) -> bool:
+    """Whether `d` is the `jax` device without an index: all of this process's devices (SPMD)."""
+    return not isinstance(d, jax.Device) and torch.device(d).index is None
 
 
 def _jax_device(d) -> jax.Device:

@@ -19,7 +19,7 @@ Megatron-style tensor parallelism of a two-layer MLP on a `("data", "model")` me
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -106,7 +106,10 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
     """Place a batch (any pytree of arrays / CPU torch tensors) split along axis 0 over `axis`.
 
     Torch tensors are read as snapshots (see `jaxtorch.to_jax`): writing to them after the
-    call (a loader reusing its buffer) never changes the placed arrays.
+    call (a loader reusing its buffer) never changes the placed arrays. A batch that is a
+    mapping but not a dict (Hugging Face's `BatchEncoding`, what its collators return) comes
+    back as a dict (which `make_train_step`'s `step` takes as keyword arguments). Every array
+    with a leading dimension is split along it: its rows must divide over the mesh axis.
 
     In a multi-process run each process passes its own part of the global batch (its
     local rows) and gets the global array back (`jax.make_array_from_process_local_data`).
@@ -116,7 +119,11 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
         x, y = shard_batch((x, y), mesh)     # rows spread over mesh axis "data"
         ```
     """
+    if isinstance(batch, Mapping) and not isinstance(batch, dict):  # HF's BatchEncoding (a UserDict)
+        batch = dict(batch)  # a dict: the containers JAX walks, and `step` takes it as keyword arguments
     sharding = NamedSharding(mesh, PartitionSpec(axis))
+    names = (axis,) if isinstance(axis, str) else () if axis is None else tuple(axis)
+    parts = int(np.prod([mesh.shape[a] for a in names]))
 
     def place(x):
         x = _as_array(x)
@@ -124,6 +131,12 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
             return x
         if jax.process_count() > 1:
             return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+        if np.shape(x)[0] % parts:
+            raise ValueError(
+                f"shard_batch: a batch of {np.shape(x)[0]} rows (shape {tuple(np.shape(x))}) does not split evenly "
+                f"over the {parts} devices of mesh axis {axis!r}: use a batch size they divide, "
+                "`DataLoader(..., drop_last=True)` for a short last batch, or pad it"
+            )
         return jax.device_put(x, sharding)
 
     return tree_map(place, batch)
@@ -147,8 +160,15 @@ class DeviceLoader:
     - `as_torch`: yield `JaxTensor`s (for PyTorch-first loops) instead of `jax.Array`s.
     - `prefetch`: batches placed ahead of the one being used (transfers overlap compute).
 
+    `len()` is the wrapped loader's; each `for` draws a new pass over it (epochs, a sampler's
+    `set_epoch`), and the last, short batch of a `drop_last=False` loader is placed like the
+    others (its rows must divide over the mesh axis: use `drop_last=True` or a batch size they
+    divide).
+
     **Example:**
         ```python
+        init, step = make_train_step(model, loss_fn, optax.adam(1e-3))
+        state = init()                                   # one device: replicated onto the mesh at the first step
         for x, y in DeviceLoader(torch_loader, mesh):
             state, loss = step(state, x, y, key)
         ```

@@ -206,7 +206,62 @@ def check_xla():
     np.testing.assert_array_equal(torch.cat(seen).numpy(), np.arange(64.0).reshape(32, 2))
     placed = list(DeviceLoader([(np.ones((8, 3)),)], Mesh(np.array(jax.devices()[:4]), ("data",))))
     assert placed[0][0].sharding.spec == P("data") and len(placed[0][0].sharding.device_set) == 4
+    _check_mp_device_loader(loader)
     print("OK xla")
+
+
+def _check_mp_device_loader(loader):
+    """Issue 30 item 15: torch_xla's `MpDeviceLoader(loader, device, **kwargs)` signature."""
+    import jaxtorch.xla as xm
+
+    everywhere = xm.MpDeviceLoader(loader, xm.xla_device(), loader_prefetch_size=32, device_prefetch_size=4)
+    assert len(everywhere) == len(loader) == 2
+    batches = list(everywhere)
+    assert len(batches) == 2 and all(xm.is_xla_tensor(t) for b in batches for t in b)
+    assert len(batches[0][0].elem.sharding.device_set) == 8  # one process feeds all its devices
+    np.testing.assert_array_equal(torch.cat([b[0].cpu() for b in batches]).numpy(), np.arange(64.0).reshape(32, 2))
+    spread = next(iter(xm.ParallelLoader(loader, [xm.xla_device()]).per_device_loader(xm.xla_device())))
+    assert len(spread[0].elem.sharding.device_set) == 8  # torch_xla's ParallelLoader(loader, [device]) idiom
+    one = list(xm.MpDeviceLoader(loader, xm.xla_device(3), batches_per_execution=2, host_to_device_transfer_threads=2))
+    assert [b[0].elem.devices() for b in one] == [{jax.devices()[3]}] * 2
+    np.testing.assert_array_equal(one[1][1].cpu().numpy(), np.arange(16, 32))
+    for bad, match in [({"batchdim": 1}, "batchdim"), ({"input_sharding": object()}, "mesh"), ({"nope": 1}, "nope")]:
+        try:
+            xm.MpDeviceLoader(loader, xm.xla_device(), **bad)
+        except (NotImplementedError, TypeError) as e:
+            assert match in str(e), e
+        else:
+            raise AssertionError(f"MpDeviceLoader accepted {bad}")
+
+
+def check_device_loader_loop():
+    """Issue 30 item 11: the DeviceLoader docstring's loop, with the state `init()` gives (one device) and
+    batches on 8 devices, trains like one device; a state on other devices is refused, naming shard()."""
+    torch.manual_seed(0)
+    model = MLP()
+    batches = _batches()
+    torch_loader = torch.utils.data.DataLoader(batches, batch_size=None)  # yields the batches as they are
+    mesh, key = jaxtorch.train.data_mesh(), jax.random.key(0)
+    init, step = make_train_step(model, mse, optax.adam(1e-2))
+    state = init()
+    losses = []
+    for x, y in DeviceLoader(torch_loader, mesh):  # the docstring's loop, as written
+        state, loss = step(state, x, y, key)
+        losses.append(float(loss))
+    ref_state, ref_losses = _train(model)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for k, v in ref_state.params.items():
+        np.testing.assert_allclose(state.params[k], v, atol=1e-5, err_msg=k)
+    assert len(state.params["fc1.weight"].sharding.device_set) == 8
+    four = Mesh(np.array(jax.devices()[:4]), ("data",))
+    x, y = next(iter(DeviceLoader(batches)))
+    try:
+        step(shard(init(), four), x, y)
+    except ValueError as e:
+        assert "shard(state, mesh" in str(e), e
+    else:
+        raise AssertionError("a state on 4 devices and a batch on 8 ran")
+    print("OK device_loader_loop")
 
 
 def check_factory_placement():

@@ -28,7 +28,7 @@ def run_check(name: str, devices: int = 8, timeout: int = 600) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("check", ["parallel", "checkpoint", "xla"])
+@pytest.mark.parametrize("check", ["parallel", "checkpoint", "xla", "device_loader_loop"])
 def test_on_eight_devices(check):
     run_check(check)
 

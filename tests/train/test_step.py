@@ -310,3 +310,103 @@ def test_one_compilation_across_steps_and_resume(tmp_path):
     save_checkpoint(state, tmp_path / "c.safetensors")
     state, _ = step(load_checkpoint(tmp_path / "c.safetensors"), *_data())
     assert step.jitted._cache_size() == 1  # init, step outputs and loaded states all look alike to jit
+
+
+# ---- issue 30: refusals and errors a user can act on ----------------------------------------------
+def test_trainable_pattern_matching_nothing_raises_naming_the_parameters():
+    """Issue 30 item 3: a pattern that selects nothing trained nothing, silently."""
+    model = MLP()
+    for trainable in ("head.*", ["fc2.*", "fc3.*"], lambda name, v: False):
+        with pytest.raises(ValueError, match="no trainable parameter") as info:
+            make_train_step(model, mse, optax.sgd(0.1), trainable=trainable)
+        assert "fc1.weight" in str(info.value) and "fc2.bias" in str(info.value)
+    model.fc1.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="frozen.*fc1.weight"):
+        make_train_step(model, mse, optax.sgd(0.1), trainable="fc1.weight")
+    init, _ = make_train_step(model, mse, optax.sgd(0.1), trainable=(g for g in ["fc2.*"]))  # a generator: read once
+    assert set(init().params) == {"fc2.weight", "fc2.bias"}
+
+
+class _CrossEntropy(torch.nn.Module):
+    """A model whose forward computes torch's cross_entropy (its targets are an input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x, labels):
+        return torch.nn.functional.cross_entropy(self.net(x), labels)
+
+
+def test_checks_raise_torchs_error_and_keep_the_donated_state():
+    """Issue 30 item 9: under `jaxtorch.checks()` an out-of-range target raised DonatedStateError
+    (the check failed after the state was donated) and the state was lost."""
+    model = _CrossEntropy()
+    ref = copy.deepcopy(model)
+    init, step = make_train_step(model, lambda loss, _: loss, optax.sgd(0.1))
+    x, bad, good = torch.randn(8, 8), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), torch.tensor([0, 1, 2, 3, 3, 0, 1, 2])
+    with pytest.raises(IndexError) as expected:
+        torch.nn.functional.cross_entropy(ref.net(x), bad)
+    state = init()
+    with jaxtorch.checks(), pytest.raises(IndexError) as got:
+        step(state, (x, bad), None)
+    assert str(got.value) == str(expected.value)
+    with jaxtorch.checks():
+        state, loss = step(state, (x, good), None)  # the state survived the step that raised
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    expected_loss = ref(x, good)
+    expected_loss.backward()
+    opt.step()
+    np.testing.assert_allclose(float(loss), expected_loss.item(), rtol=1e-6)
+    jaxtorch.load_into(model, state)
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), atol=1e-6, err_msg=name)
+
+
+class _Scaled(torch.nn.Module):
+    """An MLP whose forward also takes non-batch arguments (a scalar, HF's `use_cache`, None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, x, scale, use_cache=True, past=None):
+        assert use_cache is False and past is None, (use_cache, past)  # Python values, as in torch
+        return self.net(x) * scale
+
+
+@pytest.mark.parametrize("accumulate", [1, 2, 4])
+def test_accumulate_passes_non_batch_inputs_to_every_micro_step(accumulate):
+    """Issue 30 item 10: `IndexError: tuple index out of range` from splitting a scalar; `use_cache=False`
+    must reach the model as a Python bool. Matches torch's gradient accumulation (loss / accumulate per
+    micro-batch, one optimizer step)."""
+    model = _Scaled()
+    ref = copy.deepcopy(model)
+    x, y = _data(n=8)
+    init, step = make_train_step(model, mse, optax.sgd(0.1), accumulate=accumulate)
+    state, loss = step(init(), {"x": x, "scale": 2.0, "use_cache": False, "past": None}, y)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    total = 0.0
+    for xs, ys in zip(x.chunk(accumulate), y.chunk(accumulate)):
+        micro = torch.nn.functional.mse_loss(ref(xs, 2.0, use_cache=False), ys) / accumulate
+        micro.backward()
+        total += micro.item()
+    opt.step()
+    np.testing.assert_allclose(float(loss), total, rtol=1e-5)
+    _assert_params_match(state, ref)
+
+
+def test_accumulate_refuses_arrays_of_another_leading_size():
+    class WithTable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = MLP()
+
+        def forward(self, x, table):
+            return self.net(x) + table.sum()
+
+    x, y = _data(n=8)
+    _, step = make_train_step(WithTable(), mse, optax.sgd(0.1), accumulate=2)
+    init, _ = make_train_step(WithTable(), mse, optax.sgd(0.1))
+    with pytest.raises(ValueError, match=r"first dimensions differ.*inputs\[1\]: \(3, 5\)"):
+        step(init(), (x, torch.ones(3, 5)), y)
