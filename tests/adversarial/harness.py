@@ -94,7 +94,7 @@ if __name__ == "__main__":  # python -m tests.adversarial.harness > tests/advers
     import sys
 
     registry = importlib.import_module("tests.adversarial.harness")  # not __main__: the cases register there
-    for family in ("compiled", "dtypes", "errors", "io", "random", "services", "state"):
+    for family in ("compiled", "dtypes", "errors", "interop", "io", "random", "services", "state"):
         importlib.import_module(f"tests.adversarial.cases_{family}")
     sys.stdout.write(
         "# Known failures of the adversarial suite: 'case: reason', checked both ways by test_contracts.py.\n"

@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     cases_dtypes,
     cases_errors,
     cases_grads,
+    cases_interop,
     cases_io,
     cases_random,
     cases_services,
