@@ -120,8 +120,34 @@ class _Skeleton:
 class JaxModule(torch.nn.Module):
     """Wrap an `equinox.Module` or `flax.nnx.Module` so torch code can call and train it.
 
-    Trainable arrays (Equinox's inexact arrays, nnx's floating `Param`s) become torch Parameters;
-    the rest of an nnx module's state becomes buffers, updated by each call as nnx updates it.
+    - **Parameters**: Equinox's inexact arrays and nnx's floating `Param`s become torch
+      Parameters (named by their path: `lin_kernel_value`), trained by a torch optimizer;
+      `loss.backward()` gives the gradients `jax.grad` / `nnx.grad` give.
+    - **State**: every other nnx Variable (`BatchStat` running statistics, `Rngs` keys and
+      counts) becomes a buffer (in `state_dict`, never trained), written in place after each
+      call with what the call left in it, exactly as calling the nnx module updates it (also
+      under `jaxtorch.jit` / `compile` and `no_grad`).
+    - **Modes** follow torch's `training` flag at each call: nnx's `Module.train()` /
+      `.eval()` (`Dropout.deterministic`, `BatchNorm.use_running_average`), Equinox's
+      `eqx.nn.inference_mode`. A new `JaxModule` is in training mode, as every torch module.
+    - **Randomness**: nnx `Dropout` draws from the module's own `Rngs` stream (fresh each call,
+      the draws nnx makes; `torch.manual_seed` does not reseed it). Equinox takes its key as an
+      argument: `m(x, key=key)`; an `eqx.nn.Dropout` in training mode without one raises
+      Equinox's error.
+    - **Refused**: Equinox stateful layers (`eqx.nn.BatchNorm`, `SpectralNorm`: `eqx.nn.State`)
+      raise `JaxtorchError` at construction (use `nnx.BatchNorm`, or `call_jax` with the state).
+    - **Copies**: `copy.deepcopy` and `torch.save`/`torch.load` give working copies; a module
+      whose static part does not pickle (an Equinox MLP holding `jax.nn.relu`) refuses
+      `torch.save` naming `state_dict`.
+
+    **Example:**
+        ```python
+        bn = jaxtorch.JaxModule(nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
+        bn(x)                     # batch statistics; buffers bn_mean_value, bn_var_value move
+        bn.eval(); y = bn(x)      # the running statistics, as nnx's eval mode
+        drop = jaxtorch.JaxModule(eqx.nn.Dropout(0.1))
+        drop(x, key=jax.random.key(0))
+        ```
     """
 
     _static: Any  # nnx's GraphDef, or the non-trainable part of the Equinox module
