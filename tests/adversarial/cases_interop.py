@@ -543,3 +543,29 @@ def _jm_modes():
     ref.train()
     close(m(torch.tensor(x)), ref(jnp.asarray(x)))
     close(m.mean_value, ref.mean[...])
+
+
+@case("interop/jax_module/make_train_step_matches_eager_torch_training")
+def _jm_train_step():
+    import optax
+
+    import jaxtorch.train as train
+
+    def net() -> jaxtorch.JaxModule:
+        return jaxtorch.JaxModule(
+            nnx.Sequential(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), nnx.BatchNorm(3, rngs=nnx.Rngs(1)))
+        )
+
+    model, ref = net(), net()
+    init, step = train.make_train_step(model, lambda o, y: jnp.mean(o**2), optax.sgd(0.1))
+    state = init()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(2):
+        x = _x(8, 4, seed=i)
+        state, loss = step(state, jnp.asarray(x), jnp.zeros(()))
+        opt.zero_grad()
+        ref_loss = ref(torch.tensor(x)).square().mean()
+        ref_loss.backward()
+        opt.step()
+        close(loss, ref_loss)
+    close(state.model_state["layers_1_mean_value"], ref.layers_1_mean_value)
