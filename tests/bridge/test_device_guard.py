@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from jaxtorch.bridge.tensor import _device as device
@@ -134,3 +135,97 @@ def test_without_a_compiler_the_python_guard_stays_with_a_warning(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "''", out.stderr
     assert "could not build its C++ device guard" in out.stderr and "Install a C++ compiler" in out.stderr
     assert not list((tmp_path / "device_guard").glob("*/jaxtorch_device_guard*"))  # nothing half-built is kept
+
+
+# ---- issue 30 item 17: a failed build is remembered; the Python guard's fallback keeps what it can ----
+
+_FAILED_STATE = """
+import warnings
+warnings.simplefilter("always")
+import jaxtorch.bridge.tensor._device as d
+print(repr(d.CPP_GUARD))
+"""
+
+
+def test_a_failed_build_is_remembered_warned_in_one_line_and_retried_on_request(tmp_path):
+    no_compiler = {"JAXTORCH_CACHE_DIR": str(tmp_path), "CXX": "/nonexistent/c++"}
+    first = _python(_FAILED_STATE, **no_compiler)
+    assert first.returncode == 0 and first.stdout.strip() == "''", first.stderr
+    assert "could not build its C++ device guard (at this import" in first.stderr, first.stderr
+    (failed,) = (tmp_path / "device_guard").glob("*/build-failed.txt")
+    assert failed.read_text().count("\n") == 1  # the reason's first line, not the compiler's log
+    again = _python(_FAILED_STATE, **no_compiler)
+    assert again.stdout.strip() == "''" and not [line for line in _said(again.stderr) if "compiling" in line]
+    warned = [line for line in again.stderr.splitlines() if "could not build" in line]
+    assert len(warned) == 1 and "remembered from an earlier import" in warned[0], again.stderr
+    assert "JAXTORCH_GUARD_RETRY=1" in warned[0]
+    retry = _python(_FAILED_STATE, JAXTORCH_GUARD_RETRY="1", **no_compiler)
+    assert [line for line in _said(retry.stderr) if "compiling its C++ device guard" in line], retry.stderr
+    assert "(at this import" in retry.stderr
+
+
+_RAISE_IN_FUNCTION_BACKWARD = """
+import torch, jaxtorch
+
+class Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        raise KeyError("raised in Function.backward")
+
+x = torch.ones(3, device="jax", requires_grad=True)
+try:
+    Boom.apply(x).sum().backward()
+except KeyError as e:
+    print("caught:", e)
+"""
+
+_RAISE_IN_HOOK = """
+import torch, jaxtorch
+
+def hook(g):
+    raise ZeroDivisionError("raised in a hook")
+
+x = torch.ones(3, device="jax", requires_grad=True)
+y = x * 3
+y.register_hook(hook)
+try:
+    y.sum().backward()
+except ZeroDivisionError as e:
+    print("caught:", e)
+"""
+
+
+def test_the_python_guard_keeps_an_exception_raised_in_a_function_backward():
+    out = _python(_RAISE_IN_FUNCTION_BACKWARD, JAXTORCH_PYTHON_GUARD="1")
+    assert out.returncode == 0 and out.stdout.strip() == "caught: 'raised in Function.backward'", out.stderr
+
+
+def test_the_python_guard_reports_an_exception_it_lost_in_an_op_clearly():
+    # torch's Python guard drops the exception of an op that raised during backward: CPython's bare
+    # "SystemError: ... returned NULL without setting an exception" becomes an error naming the way out
+    out = _python(_RAISE_IN_BACKWARD, JAXTORCH_PYTHON_GUARD="1")
+    assert out.returncode != 0 and "returned NULL without setting an exception" in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: an exception was raised inside backward()"), out.stderr
+    assert "JAXTORCH_GUARD_RETRY=1" in last
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch's Python device guard aborts the process ('terminate called without an active exception') "
+    "when a tensor hook raises during backward; only the C++ guard (a compiler and ninja) avoids it",
+)
+def test_the_python_guard_keeps_an_exception_raised_in_a_hook():
+    out = _python(_RAISE_IN_HOOK, JAXTORCH_PYTHON_GUARD="1")
+    assert out.returncode == 0 and out.stdout.strip() == "caught: raised in a hook", out.stderr
+
+
+def test_with_the_cpp_guard_function_backward_and_hook_exceptions_are_kept():
+    out = _python(_RAISE_IN_FUNCTION_BACKWARD)
+    assert out.stdout.strip() == "caught: 'raised in Function.backward'", out.stderr
+    out = _python(_RAISE_IN_HOOK)
+    assert out.stdout.strip() == "caught: raised in a hook", out.stderr

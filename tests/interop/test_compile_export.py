@@ -129,3 +129,21 @@ def test_compiled_deterministic_calls_leave_the_global_generator_alone():
         assert fast.compilations == 1
     finally:
         jaxtorch.disable_globally()
+
+
+def test_jax_export_of_extract_fn_with_symbolic_batch_refuses_naming_batch_dim():
+    # issue 30 item 14: was an internal `_make_wrapper_subclass(): ... _DimExpr` TypeError
+    import pytest
+
+    model = torch.nn.Linear(3, 2).eval()
+    params, fn = jaxtorch.extract(model)
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 3"), jnp.float32)
+    with pytest.raises(jaxtorch.JaxtorchError, match=r"batch_dim=True"):
+        jax.export.export(jax.jit(fn))(params, spec)
+    with pytest.raises(jaxtorch.JaxtorchError, match=r"symbolic shape \('b', '3'\)"):
+        jax.export.export(jax.jit(lambda x: jaxtorch.call_torch(model, x)))(spec)
+    # the way out it names works, for any batch size
+    exp = jaxtorch.export(model, torch.ones(4, 3), batch_dim=True)
+    x = np.random.RandomState(0).randn(7, 3).astype(np.float32)
+    expected = model(torch.tensor(x)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(exp.call(jnp.asarray(x))), expected, rtol=1e-5, atol=1e-6)

@@ -64,7 +64,10 @@ def export(
     - `embed_params`: embed parameters as constants (call with inputs only), or take the
       params dict as the first argument (`exp.call(params, *inputs)`).
     - `batch_dim`: make dimension 0 of every input a symbolic size `b` (the forward is
-      vmapped over examples, so they must be independent: use `model.eval()`).
+      vmapped over examples, so they must be independent: use `model.eval()`). This is the
+      way to a symbolic batch: `jax.export` of `extract`'s function (or `call_torch`) with a
+      `jax.export.symbolic_shape` input raises `JaxtorchError`, since torch code reads sizes
+      as Python ints.
     - `platforms`: lowering platforms (default: the current backend), e.g. `("cpu", "cuda")`.
 
     **Returns:** a `jax.export.Exported`; `.serialize()` gives bytes.

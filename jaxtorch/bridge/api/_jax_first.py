@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..core._autodiff import stop_gradient
-from ..core._errors import ModuleReleasedError
+from ..core._errors import JaxtorchError, ModuleReleasedError
 from ..core._precision import matmul_precision
 from ..core._random import key_scope
 from ..dispatch._environment import default_env
@@ -39,6 +39,25 @@ from ..state._layouts import ConvLayout, conv_kernels, from_kernels, to_kernels
 from ..state._meta import check_no_placeholders, with_computed_buffers
 from ..tensor._convert import jax_view, module_tensor_to_jax, tensor_to_jax, torch_view, tree_map
 from ..tensor._tensor import JaxTensor, labelled
+
+
+def _concrete_shapes(tree: Any, what: str) -> Any:
+    """`tree`, checked to hold arrays of concrete shapes: a symbolic dimension (`jax.export.symbolic_shape`)
+    cannot become a torch size, which torch code reads as a Python int (`x.shape[0]`, `view(b, -1)`).
+
+    >>> _concrete_shapes(jax.ShapeDtypeStruct((2, 3), jnp.float32), "f").shape
+    (2, 3)
+    """
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape = getattr(leaf, "shape", ())
+        if not all(jax.core.is_constant_dim(d) for d in shape):
+            raise JaxtorchError(
+                f"{what} got an array of symbolic shape {tuple(str(d) for d in shape)} (jax.export.symbolic_shape): "
+                "torch code needs concrete sizes. To export with a symbolic batch dimension use "
+                "jaxtorch.export(model, x, batch_dim=True) (it vmaps the model over examples, so torch sees a "
+                "batch of one), or jax.vmap your call over the batch before jax.export."
+            )
+    return tree
 
 
 def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> Any:
@@ -67,7 +86,9 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
         y = jax.jit(lambda x: jaxtorch.call_torch(torch.nn.functional.gelu, x))(jnp.ones(3))
         ```
     """
-    targs, tkwargs = torch_view(jax_inputs((args, kwargs), "jaxtorch.call_torch"))
+    targs, tkwargs = torch_view(
+        _concrete_shapes(jax_inputs((args, kwargs), "jaxtorch.call_torch"), "jaxtorch.call_torch")
+    )
     with as_found(_modules_of(fn, args, kwargs)), torch.enable_grad():  # (see `_run_torch`)
         return _run_torch(fn, targs, tkwargs, rng)
 
@@ -339,7 +360,9 @@ class ModuleFunction:
                 values[name] = hook_parameter(values[name], p)
         # state is what torch never differentiates (buffers, frozen parameters): not JAX either
         tstate = {name: _labelled(stop_gradient(v), dtypes.get(name)) for name, v in state.items()}
-        targs, tkwargs = torch_view(jax_inputs((args, kwargs), "the function from jaxtorch.extract"))
+        targs, tkwargs = torch_view(
+            _concrete_shapes(jax_inputs((args, kwargs), "the function from jaxtorch.extract"), "extract's function")
+        )
         binding = bound(module, {**values, **tstate}, mutable=self.mutable)
         with self._lock, scopes.module_scopes(), training_modes(self._modes), binding, torch.enable_grad():
             out = _run_torch(module, targs, tkwargs, rng, data=(targs, tkwargs))

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ...ops import registry
+from ..core import _tracing
 from ._convert import tensor_to_jax, tree_map
 from ._tensor import JaxTensor
 
@@ -51,6 +52,11 @@ class _JaxVjp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        with _tracing.adopted():  # torch's autograd thread, in a backward under a trace (`jaxtorch.jit`)
+            return _JaxVjp._backward(ctx, grads)
+
+    @staticmethod
+    def _backward(ctx, grads: tuple) -> tuple:
         if torch.is_grad_enabled():  # create_graph=True: the backward itself is differentiable
             return (None, None, *_differentiable_backward(ctx, grads))
         cots = []
@@ -60,7 +66,7 @@ class _JaxVjp(torch.autograd.Function):
             else:
                 cots.append(_to_array(g).astype(dtype))
         in_grads = ctx.vjp(cots)
-        result = []
+        result: list = []
         for g, cpu in zip(in_grads, ctx.was_cpu):
             if g is None:
                 result.append(None)

@@ -116,29 +116,94 @@ def _compile_guard(directory: Path, target: Path):
         return _import_guard(target), "compiled"
 
 
+_FAILED = "build-failed.txt"  # in guard_cache_dir(): why the last build failed (its first line)
+
+
+def _short(e: BaseException) -> str:
+    """`Type: first line` of `e`: a compiler's log is many lines, and a warning on every import says one."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:200]}"
+
+
 def _load_cpp_guard() -> str:
     """Register the C++ device guard; returns `"cached"`, `"compiled"` (at this import) or `""` (none).
 
     The guard is compiled on first import into `guard_cache_dir()` (printing one line) and loaded from
-    there afterwards. Without a C++ compiler (or ninja, which torch's cpp_extension uses) it warns once and
-    torch's Python guard stays. `JAXTORCH_PYTHON_GUARD=1` keeps torch's Python guard without trying.
+    there afterwards. Without a C++ compiler (or ninja, which torch's cpp_extension uses) the build fails:
+    the failure is remembered in the cache (`build-failed.txt`), so later imports warn in one line without
+    compiling again; `JAXTORCH_GUARD_RETRY=1` tries again (after installing a compiler or ninja).
+    torch's Python guard stays in that case (see `_keep_backward_errors`). `JAXTORCH_PYTHON_GUARD=1`
+    keeps torch's Python guard without trying.
+
+    **Example:**
+        ```bash
+        pip install ninja && JAXTORCH_GUARD_RETRY=1 python -c "import jaxtorch"   # build it now
+        ```
     """
     if os.environ.get("JAXTORCH_PYTHON_GUARD"):
         return ""
+    directory = target = None
     try:
         directory = guard_cache_dir()
         target = directory / f"{_GUARD_NAME}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+        failed = directory / _FAILED
+        if not target.exists() and failed.exists() and not os.environ.get("JAXTORCH_GUARD_RETRY"):
+            _warn_no_guard(failed.read_text().strip(), remembered=True)
+            return ""
         module, how = (_import_guard(target), "cached") if target.exists() else _compile_guard(directory, target)
         module.register_guard()
+        failed.unlink(missing_ok=True)
         return how
-    except Exception as e:  # no compiler: the Python guard still works, errors in backward abort
-        warnings.warn(
-            f"jaxtorch could not build its C++ device guard ({type(e).__name__}: {e}); an exception raised "
-            "inside loss.backward() on the jax device will abort the process. Install a C++ compiler and ninja "
-            "(`pip install ninja`) to fix this, or set JAXTORCH_PYTHON_GUARD=1 to silence this warning.",
-            stacklevel=2,
-        )
+    except Exception as e:  # noqa: BLE001  (no compiler, no ninja, a read-only cache: the Python guard stays)
+        reason = _short(e)
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                directory.mkdir(parents=True, exist_ok=True)
+                (directory / _FAILED).write_text(reason + "\n")
+        _warn_no_guard(reason, remembered=False)
         return ""
+
+
+def _warn_no_guard(reason: str, *, remembered: bool) -> None:
+    """One short warning: the reason's first line, never a compiler's log."""
+    when = "remembered from an earlier import" if remembered else "at this import"
+    warnings.warn(
+        f"jaxtorch could not build its C++ device guard ({when}: {reason}); torch's Python guard is used, which "
+        "can lose an exception raised inside loss.backward() on the jax device. Install a C++ compiler and "
+        "ninja (`pip install ninja`), then set JAXTORCH_GUARD_RETRY=1 once to build it; JAXTORCH_PYTHON_GUARD=1 "
+        "silences this.",
+        stacklevel=3,
+    )
+
+
+_LOST = "returned NULL without setting an exception"
+
+
+def _keep_backward_errors() -> None:
+    """With torch's Python guard, an exception raised in an op of the backward pass can be dropped by
+    the guard while torch's engine unwinds, and `run_backward` then fails with CPython's bare
+    `SystemError: ... returned NULL without setting an exception`. Say what happened and the way out."""
+    import torch.autograd as autograd
+
+    run = autograd._engine_run_backward
+    if getattr(run, "_jaxtorch_wrapped", False):
+        return
+
+    def engine_run_backward(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except SystemError as e:
+            if _LOST not in str(e):
+                raise
+            raise RuntimeError(
+                "an exception was raised inside backward() on the jax device, and torch's Python device guard "
+                "lost it (jaxtorch's C++ device guard is not built in this environment). Install a C++ compiler "
+                "and ninja (`pip install ninja`) and run once with JAXTORCH_GUARD_RETRY=1 to build it; then the "
+                "original exception is raised."
+            ) from e
+
+    engine_run_backward._jaxtorch_wrapped = True  # type: ignore[attr-defined]
+    autograd._engine_run_backward = engine_run_backward
 
 
 # Where the C++ device guard came from: "cached" (compiled by an earlier import), "compiled" (by this
@@ -160,6 +225,8 @@ def _setup() -> torch.device:
     if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
         torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
         CPP_GUARD = _load_cpp_guard()
+        if not CPP_GUARD:
+            _keep_backward_errors()
         _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=DEVICE_MODULE)
         if torch.cuda.is_available():
             warnings.warn(_ONE_ACCELERATOR, stacklevel=3)
