@@ -10,6 +10,7 @@ import pytest
 
 from . import (  # noqa: F401
     cases_compiled,
+    cases_compiled2,
     cases_dtypes,
     cases_errors,
     cases_grads,

@@ -295,17 +295,18 @@ class Compiled:
         if holders_objs:
             return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, self._key(key, rng), free)
         mods = ([self._module] if self._module is not None else []) + list(free.modules)
-        state_tensors = _module_state(mods)
-        state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
-        leaves = frozenset(k for k, t in state_tensors.items() if t.requires_grad)
-        names = tuple(k for k, t in state_tensors.items() if grad_mode and wants_grad(t))
-        slots = argstate.requiring_grad() if grad_mode else ()
-        fkey = (key, tuple((id(m), m.training) for m in mods), leaves, names)
-        rng = self._key(fkey, rng)
         locks = [_module_lock(m) for m in mods]
         with self._lock, contextlib.ExitStack() as stack:
             for lock in locks:
                 stack.enter_context(lock)
+            # read under the locks: another thread's trace binds tracers into these modules meanwhile
+            state_tensors = _module_state(mods)
+            state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
+            leaves = frozenset(k for k, t in state_tensors.items() if t.requires_grad)
+            names = tuple(k for k, t in state_tensors.items() if grad_mode and wants_grad(t))
+            slots = argstate.requiring_grad() if grad_mode else ()
+            fkey = (key, tuple((id(m), m.training) for m in mods), leaves, names)
+            rng = self._key(fkey, rng)
             prog = self._program(fkey, argstate, mods, free, leaves, (names, slots) if names or slots else ())
             ext = (*args, list(free.values.values())) if free.values else args
 
@@ -485,6 +486,14 @@ def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
         leaves, tree = pytrees.flatten(out)
         # Python values in the result (`x.shape`, `x.dtype`, `x.size(0)`) are static: kept here, put back
         # by `_with_statics`; the program returns the arrays only
+        for x in leaves:
+            if not is_array_like(x) and not isinstance(x, _OUT_CONSTANTS):
+                raise TypeError(
+                    f"jaxtorch.jit: the function returns a {type(x).__name__} ({x!r:.80}), which is neither a "
+                    "tensor nor a constant (a number, a string, a dtype, a shape): it was made while tracing, "
+                    "so every call would get that same object. Return tensors (and containers of them), or "
+                    "call this part eagerly."
+                )
         aux[("out", key)] = (tree, tuple(None if is_array_like(x) else x for x in leaves))
         leaves = [x for x in leaves if is_array_like(x)]
         aux[("grad_flags", key)] = [isinstance(x, torch.Tensor) and x.requires_grad for x in leaves]
@@ -600,6 +609,7 @@ def _differentiable_call(
 # Python values read afresh at every call and compared with the ones a program was traced with (a
 # change compiles again), as `torch.compile`'s guards do
 _CONSTANTS = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size, types.FunctionType)
+_OUT_CONSTANTS = tuple(c for c in _CONSTANTS if c is not types.FunctionType)  # what a result may hold
 _MAX_GUARDED = 1000  # items of one closed-over list/tuple/dict; a bigger one is not guarded (documented)
 
 
@@ -704,7 +714,7 @@ _KEY_PARTS = (
     "autocast",
     "checked mode",
 )
-_LOCATED = ("global", "closure", "self.")
+_LOCATED = ("global", "closure", "self.", "default")
 _WARN_AFTER = 8  # recompilations before `Compiled` warns (as torch.compile's cache size limit)
 
 
@@ -716,10 +726,10 @@ def _parts(key: tuple, free: _Free, names: _FreeNames) -> dict[str, Any]:
     out["state (requires_grad, grads, optimizer state or hyperparameters)"] = tuple(rest)
     func = names.function
     for (kind, at), v in free.values.items():
-        if kind == "cell":
-            out[f"closure `{func.__code__.co_freevars[at]}`"] = _summary(v)
-        else:
-            out[f"global `{at}`" if kind == "global" else f"self.{at}"] = _summary(v)
+        where = {"global": f"global `{at}`", "attr": f"self.{at}", "default": f"default argument {at}"}.get(
+            kind, f"closure `{func.__code__.co_freevars[at]}`" if kind == "cell" else f"default argument `{at}`"
+        )
+        out[where] = _summary(v)
     return out
 
 
@@ -797,6 +807,8 @@ class _FreeNames:
                 pass
         g = func.__globals__
         found += [(("global", n), g[n]) for n in self.names if n in g]
+        found += [(("default", i), v) for i, v in enumerate(func.__defaults__ or ())]
+        found += [(("kwdefault", n), v) for n, v in (func.__kwdefaults__ or {}).items()]
         if self.owner is not None:
             found += [(("attr", n), v) for n, v in vars(self.owner).items()]
         values = {k: v for k, v in found if _guardable(v, [_MAX_GUARDED])}
@@ -831,7 +843,7 @@ def _store_message(func: Any, names: tuple[str, ...]) -> str:
 
 
 def _reading(fn: Callable, values: dict[tuple[str, Any], Any]) -> Callable:
-    """A copy of `fn` that sees `values` in the closure cells and globals they came from
+    """A copy of `fn` that sees `values` in the closure cells, globals and default arguments they came from
     (while tracing: the program's inputs in place of the caller's tensors)."""
     owner = getattr(fn, "__self__", None)
     func = cast(types.FunctionType, getattr(fn, "__func__", fn))
@@ -841,14 +853,21 @@ def _reading(fn: Callable, values: dict[tuple[str, Any], Any]) -> Callable:
     for (kind, i), v in values.items():
         if kind == "cell":
             cells[i] = types.CellType(v)
+    defaults = list(func.__defaults__ or ())
+    kwdefaults = dict(func.__kwdefaults__ or {})
+    for (kind, at), v in values.items():
+        if kind == "default":
+            defaults[at] = v
+        elif kind == "kwdefault":
+            kwdefaults[at] = v
     copy = types.FunctionType(
         func.__code__,
         {**g, **new_globals} if new_globals else g,
         func.__name__,
-        func.__defaults__,
+        tuple(defaults) or None,
         tuple(cells) or None,
     )
-    copy.__kwdefaults__ = func.__kwdefaults__
+    copy.__kwdefaults__ = kwdefaults or None
     attrs = {n: v for (kind, n), v in values.items() if kind == "attr"}
     if owner is None:
         return copy
