@@ -19,13 +19,20 @@ State semantics (what a compiled call reads and writes):
   learning rates are threaded through (`state/_holders.py`), so `loss.backward()` and
   `opt.step()` happen inside the program.
 - Programs are cached by the arguments' structure, static values (non-tensor leaves) and
-  tensor shapes/dtypes: one compilation per distinct signature, never per value.
-- Tensors and modules a compiled function reaches through its closure cells, the global
-  names its code mentions, or its bound `self`'s attributes are program inputs too, read
-  at every call (like `torch.compile`'s guards: a new value reuses the program, a new
-  shape, dtype or module object compiles again); writes to them are written back as for
-  arguments. Where the function reaches them is found once per function (`_FreeNames`);
-  what is there is looked up again at every call.
+  tensor shapes/dtypes: one compilation per distinct signature, never per tensor value.
+- Guards, as `torch.compile`'s (docs/api/torch_first.md lists what is and is not checked):
+  tensors a compiled function reaches through its closure cells, the global names its code
+  mentions, its default arguments or its bound `self`'s attributes, and tensors in lists,
+  tuples and dicts there, are program inputs, read at every call (a new value reuses the
+  program, a new shape or dtype compiles again); writes to them are written back as for
+  arguments. Python constants there (numbers, strings, dtypes, functions, and containers
+  of them) are part of the key, as are every module's class, hooks and constant attributes
+  and the global module hooks: a change compiles again, counted by `recompilations` and
+  explained by `stats()["reasons"]`. Where the function reaches values is found once per
+  function (`_FreeNames`); what is there is looked up again at every call. Assigning a
+  global or nonlocal name inside the function raises `StateWriteError`.
+- Python values in a result (`x.shape`, `x.dtype`, `x.size(0)`) come back as torch gives
+  them; other objects made while tracing (a generator) raise `TypeError`.
 - Aliasing is eager torch's: arguments sharing data (overlapping views, a tensor and a
   view of it) enter as one root with views of it, so a write through one is seen through
   the others; a result that is an argument is that argument, and a view of one is the
@@ -655,7 +662,7 @@ def _plain_object(v: Any) -> bool:
 def _attribute_guards(found: list, names: tuple[str, ...]) -> tuple:
     """For each plain object the function reaches, its attributes the code names (`cfg.scale`):
     constants by value, tensors by identity (a new tensor there compiles again)."""
-    out = []
+    out: list[tuple[Any, str, Any]] = []
     for loc, v in found:
         if not _plain_object(v):
             continue
@@ -1041,7 +1048,9 @@ def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compile
       and come out.
     - `state`: modules and optimizers the function closes over, treated the same way.
 
-    **Returns:** a `Compiled` callable; `.compilations` counts traces.
+    **Returns:** a `Compiled` callable; `.compilations` counts traces, `.stats()` gives the
+    recompilations and their reasons (a guarded global, closure value, hook or module
+    attribute that changed; see the module docstring).
 
     **Example:**
         ```python
