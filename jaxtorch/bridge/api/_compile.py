@@ -616,6 +616,7 @@ def _differentiable_call(
 # Python values read afresh at every call and compared with the ones a program was traced with (a
 # change compiles again), as `torch.compile`'s guards do
 _CONSTANTS = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size, types.FunctionType)
+_CONSTANT_TYPES = frozenset((bool, *_CONSTANTS))  # exact types: the per-call module walk's fast test
 _OUT_CONSTANTS = tuple(c for c in _CONSTANTS if c is not types.FunctionType)  # what a result may hold
 _MAX_GUARDED = 1000  # items of one closed-over list/tuple/dict; a bigger one is not guarded (documented)
 
@@ -693,21 +694,24 @@ _GLOBAL_HOOKS = tuple(
 def _module_guards(mods) -> tuple:
     """What decides a module's traced forward besides its tensors: each submodule's class, hooks
     (`register_forward_hook` after the first call compiles again) and Python attributes that are
-    constants (`training`, `eps`, `momentum`, a flag), and the global module hooks.
+    constants (`training`, `eps`, `momentum`, a flag), and the global module hooks. It runs at
+    every call, so it walks `_modules` itself and compares exact types.
 
-    Example: `_module_guards([nn.Linear(2, 2)])` -> `(((), (), (), ()), (Linear, (), (), (), (), ...))`."""
+    Example: `_module_guards([nn.Linear(2, 2)])` -> `((), (Linear, (), (('training', True), ...)))`."""
     g = torch.nn.modules.module
-    out: list = [tuple(tuple(getattr(g, n)) for n in _GLOBAL_HOOKS)]
+    out: list = [tuple((n, tuple(h)) for n in _GLOBAL_HOOKS if (h := getattr(g, n)))]
     seen: set[int] = set()
-    for m in mods:
-        for sub in m.modules():
-            if id(sub) in seen:
-                continue
-            seen.add(id(sub))
-            d = sub.__dict__
-            hooks = tuple(tuple(d.get(n, ())) for n in _HOOKS)
-            consts = tuple((k, v) for k, v in d.items() if isinstance(v, _CONSTANTS) or _constant_tuple(v))
-            out.append((type(sub), hooks, consts))
+    stack = list(reversed(mods))
+    while stack:
+        sub = stack.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        d = sub.__dict__
+        hooks = tuple((n, tuple(h)) for n in _HOOKS if (h := d.get(n)))
+        consts = tuple([(k, v) for k, v in d.items() if type(v) in _CONSTANT_TYPES or _constant_tuple(v)])
+        out.append((type(sub), hooks, consts))
+        stack += [c for c in reversed(d["_modules"].values()) if c is not None]
     return tuple(out)
 
 
@@ -752,7 +756,7 @@ def _summary(v: Any) -> Any:
 
 
 def _constant_tuple(v: Any) -> bool:
-    return type(v) is tuple and all(isinstance(x, _CONSTANTS) for x in v)
+    return type(v) is tuple and all(type(x) in _CONSTANT_TYPES for x in v)
 
 
 @dataclasses.dataclass
