@@ -644,3 +644,69 @@ def _adamw_cosine():
         steps=5,
     )
     assert fast.compilations <= 2, fast.stats()
+
+
+# ---- lazy mode and strings -------------------------------------------------------------------------
+ACT = "relu"
+
+
+@case("compiled2/guard/global_string_selects_the_activation")
+def _global_string():
+    global ACT
+
+    def f(x):
+        return getattr(F, ACT)(x)
+
+    fast, x = jaxtorch.jit(f), torch.randn(6)
+    try:
+        close(_cpu(fast(x)), f(x))
+        ACT = "gelu"
+        close(_cpu(fast(x)), f(x))
+    finally:
+        ACT = "relu"
+
+
+def _lazy_pair():
+    torch.manual_seed(0)
+    ref = nn.Linear(3, 2)
+    m = nn.Linear(3, 2)
+    m.load_state_dict(ref.state_dict())
+    return ref, m.to("jax"), torch.randn(4, 3)
+
+
+@case("compiled2/lazy/format_of_a_pending_loss")
+def _lazy_format():
+    ref, m, x = _lazy_pair()
+    with jaxtorch.lazy():
+        loss = (m(x.to("jax")) ** 2).mean()
+        text = f"{loss:.4f}"
+    assert text == f"{(ref(x) ** 2).mean():.4f}"
+
+
+@case("compiled2/lazy/jit_of_a_pending_tensor")
+def _lazy_jit():
+    ref, m, x = _lazy_pair()
+    with jaxtorch.lazy():
+        y = m(x.to("jax"))
+        z = jaxtorch.jit(lambda t: torch.tanh(t) * 2)(y)
+    close(_cpu(z), torch.tanh(ref(x)) * 2)
+
+
+@case("compiled2/lazy/global_float_guard_in_lazy_mode")
+def _lazy_guard():
+    global GAIN
+
+    def f(t):
+        return t * GAIN
+
+    fast = jaxtorch.jit(f)
+    x = torch.randn(3)
+    try:
+        with jaxtorch.lazy():
+            a = fast(x.to("jax"))
+            GAIN = 5.0
+            b = fast(x.to("jax"))
+    finally:
+        GAIN = 2.0
+    close(_cpu(a), x * 2.0)
+    close(_cpu(b), x * 5.0)
