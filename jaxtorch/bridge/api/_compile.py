@@ -143,7 +143,8 @@ class Compiled:
 
     def stats(self) -> dict[str, Any]:
         """Compilation statistics: `compilations` (traces), `recompilations` (traces after the
-        first), `programs` (cached programs) and `reasons` (why each recompilation happened).
+        first), `programs` (cached programs) and `reasons` (why each recompilation happened, the
+        latest 100).
 
         **Example:**
             ```python
@@ -170,6 +171,7 @@ class Compiled:
             located = [n for n in changed if n.startswith(_LOCATED)]
             why = located + [n for n in changed if n != "arguments" and not n.startswith(_LOCATED)]
             self._reasons.append(", ".join(f"{n} changed" for n in why or changed) or "another autograd path")
+            del self._reasons[:-_KEPT_REASONS]
             if self.compilations == _WARN_AFTER + 1:
                 warnings.warn(
                     f"jaxtorch.jit: `{getattr(self, '__qualname__', self._target)}` has compiled {self.compilations} "
@@ -727,6 +729,7 @@ _KEY_PARTS = (
 )
 _LOCATED = ("global", "closure", "self.", "default")
 _WARN_AFTER = 8  # recompilations before `Compiled` warns (as torch.compile's cache size limit)
+_KEPT_REASONS = 100  # `stats()["reasons"]` keeps the latest ones
 
 
 def _parts(key: tuple, free: _Free, names: _FreeNames) -> dict[str, Any]:
