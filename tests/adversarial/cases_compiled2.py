@@ -17,7 +17,7 @@ from torch import nn
 
 import jaxtorch
 
-from .harness import case, clear_error, close, equal
+from .harness import case, clear_error, close, equal, refuses_or
 
 GAIN = 2.0  # globals the cases below read (and change, restoring them)
 MODE = {"relu": True}
@@ -710,3 +710,16 @@ def _lazy_guard():
         GAIN = 2.0
     close(_cpu(a), x * 2.0)
     close(_cpu(b), x * 5.0)
+
+
+@case("compiled2/optim/rprop_with_a_scheduler_values_match")
+def _rprop():
+    _train(lambda p: torch.optim.Rprop(p, lr=0.01), lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5), steps=4)
+
+
+@case("compiled2/optim/adagrad_matches_or_refuses_clearly")
+def _adagrad():
+    def check():
+        _train(lambda p: torch.optim.Adagrad(p, lr=0.1), lambda o: None, steps=3)
+
+    refuses_or(check, "item", "data")
