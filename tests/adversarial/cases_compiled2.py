@@ -723,3 +723,13 @@ def _adagrad():
         _train(lambda p: torch.optim.Adagrad(p, lr=0.1), lambda o: None, steps=3)
 
     refuses_or(check, "item", "data")
+
+
+@case("compiled2/args/zero_dim_tensor_as_alpha")
+def _tensor_alpha():
+    def f(x, y, a):
+        return x.add(y, alpha=a), torch.sub(x, y, alpha=a), torch._foreach_add([x], [y], alpha=a)[0]
+
+    x, y, a = torch.randn(3), torch.randn(3), torch.tensor(-0.3)
+    for got, want in zip(jaxtorch.jit(f)(x, y, a), f(x, y, a)):
+        close(_cpu(got), want)
