@@ -140,3 +140,21 @@ def test_disable_globally_turns_modes_off():
     finally:
         jaxtorch.disable_globally()
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_format_of_a_0d_tensor_is_its_items_as_torch(env):
+    """Issue 30 item 13: `f"{loss:.3f}"` (torch formats a 0-d tensor's `.item()`)."""
+    for cpu in (torch.tensor(1.23456), torch.tensor(7), torch.tensor(True), torch.tensor(-0.5)):
+        t = cpu.to("jax")
+        for spec in ("", ".3f", ">10", "e") if cpu.dtype.is_floating_point else ("", ">4"):
+            assert format(t, spec) == format(cpu, spec), (cpu, spec)
+    assert f"{torch.tensor(0.25).to('jax'):.2%}" == "25.00%"
+
+
+def test_format_with_a_spec_of_a_non_0d_tensor_raises_as_torch(env):
+    import pytest
+
+    with pytest.raises(TypeError, match="unsupported format string"):
+        format(torch.ones(2), ".3f")
+    with pytest.raises(TypeError, match="unsupported format string"):
+        format(torch.ones(2).to("jax"), ".3f")

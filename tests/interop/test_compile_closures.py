@@ -6,6 +6,7 @@ new shape: one), and written back like arguments. The reference is eager torch.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import jaxtorch
@@ -176,3 +177,202 @@ def test_closed_over_leaf_tensor_gets_its_gradient():
     f(x).backward()
     (x * wr).tanh().sum().backward()
     _close(w.grad, wr.grad)
+
+
+# ---- guards on Python values (issue 30, item 1): checked at every call, a change compiles again ----
+RATE = 2.0  # a global Python number the functions below read
+FLAGS = {"scale": 2.0, "shift": True}
+
+
+def test_a_global_float_is_guarded_and_the_recompilation_is_counted():
+    global RATE
+
+    def f(x):
+        return x * RATE
+
+    fast = jaxtorch.jit(f)
+    x = torch.randn(3)
+    try:
+        _close(fast(x), f(x))
+        RATE = 3.0
+        _close(fast(x), f(x))  # was x * 2.0: the value baked in at the first trace
+        _close(fast(x), f(x))  # unchanged now: no new trace
+        assert fast.compilations == 2 and fast.recompilations == 1
+        assert fast.stats()["reasons"] == ["global `RATE` changed"]
+        RATE = 2.0
+        _close(fast(x), f(x))  # back to the first value: its program is reused
+        assert fast.compilations == 2
+    finally:
+        RATE = 2.0
+
+
+def test_a_closure_cell_and_a_dict_value_are_guarded():
+    scale = 2.0
+
+    def f(x):
+        y = x * scale * FLAGS["scale"]
+        return y + 1 if FLAGS["shift"] else y
+
+    fast = jaxtorch.jit(f)
+    x = torch.randn(3)
+    try:
+        _close(fast(x), f(x))
+        scale = 5.0
+        _close(fast(x), f(x))
+        FLAGS["scale"] = -1.0
+        _close(fast(x), f(x))
+        FLAGS["shift"] = False
+        _close(fast(x), f(x))
+        assert fast.compilations == 4
+        assert fast.stats()["reasons"][0] == "closure `scale` changed"
+        assert fast.stats()["reasons"][1] == "global `FLAGS` changed"
+    finally:
+        FLAGS.update(scale=2.0, shift=True)
+
+
+def test_tensors_in_a_closed_over_list_and_dict_are_inputs_read_at_every_call():
+    held = [torch.ones(3)]
+    named = {"bias": torch.zeros(3)}
+
+    def f(x):
+        return x * held[0] + named["bias"]
+
+    fast = jaxtorch.jit(f)
+    x = torch.randn(3)
+    _close(fast(x), f(x))
+    held[0] = torch.full((3,), 7.0)  # replaced: the stale tensor must not be used
+    named["bias"] = torch.full((3,), -1.0)
+    _close(fast(x), f(x))
+    held[0].mul_(2)  # written in place
+    _close(fast(x), f(x))
+    assert fast.compilations == 1  # same shapes: inputs, not constants
+
+
+def test_writes_to_tensors_in_a_closed_over_list_are_written_back():
+    acc = [torch.zeros(2)]
+
+    @jaxtorch.jit
+    def f(x):
+        acc[0].add_(x)
+        return x.sum()
+
+    for _ in range(3):
+        f(torch.ones(2))
+    assert acc[0].tolist() == [3.0, 3.0]
+
+
+def test_a_forward_hook_added_after_the_first_call_runs():
+    lin = torch.nn.Linear(3, 2)
+    fast = jaxtorch.compile(lin)
+    x = torch.randn(4, 3)
+    _close(fast(x), lin(x))
+    handle = lin.register_forward_hook(lambda m, args, out: out * 10)
+    _close(fast(x), lin(x))  # was the hook-less program
+    pre = lin.register_forward_pre_hook(lambda m, args: (args[0] + 1,))
+    _close(fast(x), lin(x))
+    handle.remove()
+    pre.remove()
+    _close(fast(x), lin(x))
+    assert fast.compilations == 3  # the hook-less program is reused at the end
+    assert "hooks" in fast.stats()["reasons"][0]
+
+
+def test_a_hook_on_a_closed_over_submodule_and_a_global_module_hook_run():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+
+    @jaxtorch.jit
+    def f(x):
+        return net(x)
+
+    x = torch.randn(4, 3)
+    _close(f(x), net(x))
+    handle = net[1].register_forward_hook(lambda m, args, out: out + 3)
+    _close(f(x), net(x))
+    handle.remove()
+    glob = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: out * 2)
+    try:
+        _close(f(x), net(x))
+    finally:
+        glob.remove()
+    _close(f(x), net(x))
+
+
+def test_a_module_attribute_and_a_submodule_mode_are_guarded():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.drop = torch.nn.Dropout(0.5)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.drop(self.lin(x)) * self.scale
+
+    m = Scaled().eval()
+    fast = jaxtorch.compile(m)
+    x = torch.randn(4, 3)
+    _close(fast(x), m(x))
+    m.scale = -1.5
+    _close(fast(x), m(x))
+    m.drop.p = 0.0
+    m.drop.train()  # a submodule's mode (the top module stays in eval)
+    _close(fast(x), m(x))
+    assert fast.compilations == 3
+
+
+def test_an_attribute_of_a_closed_over_object_is_guarded():
+    class Config:
+        def __init__(self):
+            self.alpha = 0.5
+            self.offset = torch.zeros(3)
+
+    cfg = Config()
+
+    def f(x):
+        return x * cfg.alpha + cfg.offset
+
+    fast = jaxtorch.jit(f)
+    x = torch.randn(3)
+    _close(fast(x), f(x))
+    cfg.alpha = 4.0
+    _close(fast(x), f(x))
+    cfg.offset = torch.ones(3)  # a new tensor: compiled again with it
+    _close(fast(x), f(x))
+    assert fast.compilations == 3
+
+
+def test_assigning_a_global_or_nonlocal_name_raises_naming_it():
+    count = 0
+
+    def bump(x):
+        nonlocal count
+        count += 1
+        return x + 1
+
+    with pytest.raises(jaxtorch.StateWriteError, match="`count`.*once per compilation"):
+        jaxtorch.jit(bump)(torch.ones(2))
+    assert count == 0
+
+    def set_rate(x):
+        global RATE
+        RATE = 9.0
+        return x
+
+    with pytest.raises(jaxtorch.StateWriteError, match="`RATE`"):
+        jaxtorch.jit(set_rate)(torch.ones(2))
+    assert RATE == 2.0
+
+
+def test_a_value_changing_at_every_call_warns_after_eight_recompilations():
+    step = [0]
+
+    @jaxtorch.jit
+    def f(x):
+        return x * step[0]
+
+    x = torch.ones(2)
+    with pytest.warns(UserWarning, match=r"compiled 9 times \(the last: closure `step` changed\)"):
+        for i in range(10):
+            step[0] = i
+            _close(f(x), x * i)
+    assert f.recompilations == 9

@@ -384,3 +384,31 @@ def test_the_generation_docstring_examples_run_on_a_model_built_from_a_config():
     assert namespace["tokens"].shape[0] == 2 and namespace["tokens"].shape[1] <= 32
     assert namespace["out"].logits.shape == (1, 3, 256)
     assert (namespace["eos"], namespace["pad"]) == ((), None)
+
+
+def test_python_values_a_compiled_function_returns_are_torch_s():
+    """Issue 30 item 13: `x.shape`, `x.dtype`, `x.size(0)` come back as torch.Size, torch.dtype, int."""
+
+    def f(x):
+        return x.shape, x.dtype, x.size(0), x * 2, {"n": x.numel(), "rows": [x.size(1), None]}
+
+    fast = jaxtorch.jit(f)
+    x = torch.randn(3, 2)
+    for _ in range(2):  # traced, then cached
+        shape, dtype, n, y, d = fast(x)
+        eshape, edtype, en, ey, ed = f(x)
+        assert type(shape) is torch.Size and shape == eshape
+        assert dtype is edtype and type(n) is int and n == en
+        assert d == ed and type(d["n"]) is int
+        np.testing.assert_allclose(y.cpu().numpy(), ey.numpy())
+    assert fast.compilations == 1
+    assert jaxtorch.jit(lambda x: x.size(0))(x) == 3
+
+
+def test_python_values_returned_beside_a_differentiable_result():
+    lin = torch.nn.Linear(2, 2)
+    fast = jaxtorch.compile(lambda x: (lin(x).sum(), lin.weight.shape))
+    loss, shape = fast(torch.ones(1, 2))
+    loss.backward()
+    assert shape == torch.Size([2, 2]) and lin.weight.grad is not None
+    np.testing.assert_allclose(lin.weight.grad.cpu().numpy(), np.ones((2, 2)))

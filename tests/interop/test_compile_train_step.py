@@ -157,3 +157,35 @@ def test_cpu_module_in_a_train_step_gets_a_clear_error():
     step = jaxtorch.jit(lambda m, o, x: m(x).sum().backward())
     with pytest.raises(TypeError, match=r"model.to\('jax'\)"):
         step(model, opt, torch.ones(1, 2))
+
+
+@pytest.mark.parametrize(
+    ("make_opt", "make_sched"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1), lambda o: torch.optim.lr_scheduler.StepLR(o, 2, gamma=0.5)),
+        (
+            lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+            lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.7),
+        ),
+        (lambda p: torch.optim.RMSprop(p, lr=1e-2), lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5)),
+        (
+            lambda p: torch.optim.RMSprop(p, lr=1e-2, momentum=0.9, centered=True),
+            lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.8),
+        ),
+    ],
+    ids=["sgd-steplr", "sgd-momentum-exponential", "rmsprop-steplr", "rmsprop-centered-exponential"],
+)
+def test_lr_scheduler_between_steps_does_not_recompile_sgd_rmsprop(make_opt, make_sched):
+    """Issue 30 item 20: the learning rate is a program input (6 steps compiled 6 times before)."""
+    ref, model = _model(), _model().to("jax")
+    ropt, opt = make_opt(ref.parameters()), make_opt(model.parameters())
+    rsched, sched = make_sched(ropt), make_sched(opt)
+    step = jaxtorch.jit(_torch_step)
+    for x, y in _batches(6):
+        _torch_step(ref, ropt, x, y)
+        rsched.step()
+        step(model, opt, x, y)
+        sched.step()
+    _assert_same_state(ref, model)
+    assert opt.param_groups[0]["lr"] == ropt.param_groups[0]["lr"]
+    assert step.compilations == 2  # the first step creates the optimizer state; then one program

@@ -19,13 +19,20 @@ State semantics (what a compiled call reads and writes):
   learning rates are threaded through (`state/_holders.py`), so `loss.backward()` and
   `opt.step()` happen inside the program.
 - Programs are cached by the arguments' structure, static values (non-tensor leaves) and
-  tensor shapes/dtypes: one compilation per distinct signature, never per value.
-- Tensors and modules a compiled function reaches through its closure cells, the global
-  names its code mentions, or its bound `self`'s attributes are program inputs too, read
-  at every call (like `torch.compile`'s guards: a new value reuses the program, a new
-  shape, dtype or module object compiles again); writes to them are written back as for
-  arguments. Where the function reaches them is found once per function (`_FreeNames`);
-  what is there is looked up again at every call.
+  tensor shapes/dtypes: one compilation per distinct signature, never per tensor value.
+- Guards, as `torch.compile`'s (docs/api/torch_first.md lists what is and is not checked):
+  tensors a compiled function reaches through its closure cells, the global names its code
+  mentions, its default arguments or its bound `self`'s attributes, and tensors in lists,
+  tuples and dicts there, are program inputs, read at every call (a new value reuses the
+  program, a new shape or dtype compiles again); writes to them are written back as for
+  arguments. Python constants there (numbers, strings, dtypes, functions, and containers
+  of them) are part of the key, as are every module's class, hooks and constant attributes
+  and the global module hooks: a change compiles again, counted by `recompilations` and
+  explained by `stats()["reasons"]`. Where the function reaches values is found once per
+  function (`_FreeNames`); what is there is looked up again at every call. Assigning a
+  global or nonlocal name inside the function raises `StateWriteError`.
+- Python values in a result (`x.shape`, `x.dtype`, `x.size(0)`) come back as torch gives
+  them; other objects made while tracing (a generator) raise `TypeError`.
 - Aliasing is eager torch's: arguments sharing data (overlapping views, a tensor and a
   view of it) enter as one root with views of it, so a write through one is seen through
   the others; a result that is an argument is that argument, and a view of one is the
@@ -75,10 +82,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
 import inspect
 import threading
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -92,7 +101,7 @@ from ..core._autodiff import jax_differentiates
 from ..core._errors import StateWriteError
 from ..dispatch import _autocast
 from ..state._binding import Binding, named_state
-from ..state._holders import ArgState, Holders, wants_grad
+from ..state._holders import ArgState, Holders, is_array_like, wants_grad
 from ..tensor import _tensor
 from ..tensor._autograd import _to_array
 from ..tensor._convert import array_to_torch, tensor_to_jax
@@ -122,8 +131,56 @@ class Compiled:
         self._random: dict[Any, bool] = {}  # signature -> whether its program draws random numbers
         self._lock = threading.RLock()
         self.compilations = 0
+        self._traced: dict[str, Any] | None = None  # what the last trace was keyed on, by part (`_parts`)
+        self._reasons: list[str] = []  # why each recompilation happened
         # no `_call`: `target` is the module
         functools.update_wrapper(self, cast(torch.nn.Module, target).forward if self._call is None else target)
+
+    @property
+    def recompilations(self) -> int:
+        """Traces after the first (a new signature, or a guarded value that changed)."""
+        return max(self.compilations - 1, 0)
+
+    def stats(self) -> dict[str, Any]:
+        """Compilation statistics: `compilations` (traces), `recompilations` (traces after the
+        first), `programs` (cached programs) and `reasons` (why each recompilation happened, the
+        latest 100).
+
+        **Example:**
+            ```python
+            SCALE = 2.0
+            f = jaxtorch.jit(lambda x: x * SCALE)
+            f(x); SCALE = 3.0; f(x)
+            f.stats()  # {'compilations': 2, 'recompilations': 1, 'programs': 2,
+                       #  'reasons': ['global `SCALE` changed']}
+            ```
+        """
+        return {
+            "compilations": self.compilations,
+            "recompilations": self.recompilations,
+            "programs": len(self._programs),
+            "reasons": list(self._reasons),
+        }
+
+    def _count_trace(self, key: tuple, free: _Free) -> None:
+        """Count a trace; from the second on, note why (what differs from the last trace's key)."""
+        self.compilations += 1
+        parts = _parts(key, free, self._free)
+        if self._traced is not None:
+            changed = [n for n, v in parts.items() if self._traced.get(n, _ABSENT) != v]
+            located = [n for n in changed if n.startswith(_LOCATED)]
+            why = located + [n for n in changed if n != "arguments" and not n.startswith(_LOCATED)]
+            self._reasons.append(", ".join(f"{n} changed" for n in why or changed) or "another autograd path")
+            del self._reasons[:-_KEPT_REASONS]
+            if self.compilations == _WARN_AFTER + 1:
+                warnings.warn(
+                    f"jaxtorch.jit: `{getattr(self, '__qualname__', self._target)}` has compiled {self.compilations} "
+                    f"times (the last: {self._reasons[-1]}). A value that changes at every call (a Python number "
+                    "in a global, a closure or a dict, a growing list) is part of the program's key and compiles "
+                    "again each time: pass it as a tensor argument instead. `.stats()` lists every reason.",
+                    stacklevel=3,
+                )
+        self._traced = parts
 
     @contextlib.contextmanager
     def _draws(self, key, rng):
@@ -141,13 +198,13 @@ class Compiled:
         return out
 
     def _callee(self, args: tuple, free: _Free) -> tuple[Callable, tuple]:
-        """What runs while tracing, and its arguments: with free tensors, the function reading
+        """What runs while tracing, and its arguments: with free values, the function reading
         the program's inputs (the last argument `ArgState` carried) in place of the originals."""
         fn = self._call if self._call is not None else self._module
-        if not free.tensors:
+        if not free.values:
             return cast(Callable, fn), args
         *args_, values = args
-        return _reading(cast(Callable, fn), dict(zip(free.tensors, values))), tuple(args_)
+        return _reading(cast(Callable, fn), dict(zip(free.values, values))), tuple(args_)
 
     def _program(
         self, key, argstate: ArgState, mods: list[torch.nn.Module], free: _Free, leaves: frozenset, grads: tuple
@@ -164,7 +221,7 @@ class Compiled:
         dtypes = {k: t.dtype for k, t in _module_state(mods).items()}  # (int64 held as int32 without x64)
 
         def traced(state: dict, dyn: list, rng):
-            self.compilations += 1  # runs once per trace
+            self._count_trace(key, free)  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
             call, call_args = self._callee(args, free)
             tstate = {k: _state_tensor(v, dtypes.get(k), k in leaves) for k, v in state.items()}
@@ -201,7 +258,7 @@ class Compiled:
             return prog
 
         def traced(state, dyn: list, rng):
-            self.compilations += 1  # runs once per trace
+            self._count_trace(key, free)  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
             call, call_args = self._callee(args, free)
             with holders.bound(state, opt_statics) as binding:
@@ -225,37 +282,42 @@ class Compiled:
 
     def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
         free = self._free.read()
-        # tensors the function reaches through closures and globals: program inputs, like arguments
-        argstate = ArgState.of((*args, list(free.tensors.values())) if free.tensors else args, kwargs)
+        # what the function reaches through closures and globals: tensors are program inputs, like
+        # arguments, and constants (and lists/dicts of them) part of the key, like static arguments
+        argstate = ArgState.of((*args, list(free.values.values())) if free.values else args, kwargs)
         holders_objs = self._state_objects + argstate.holders() + free.optimizers
         if holders_objs:
             holders_objs += tuple(m for m in free.modules if not any(m is o for o in holders_objs))
         dyn = argstate.arrays()
         grad_mode = torch.is_grad_enabled()
-        key = (
+        guarded = [m for m in (self._module, *free.modules, *holders_objs) if isinstance(m, torch.nn.Module)]
+        key = (  # (the parts `_KEY_PARTS` names, in order)
             argstate.key(dyn),
             self._module.training if self._module is not None else None,
             grad_mode,
-            tuple(free.tensors),
+            tuple(free.values),
+            free.guards,
+            _module_guards(guarded),
             _autocast.state(),  # a program traced under torch.autocast("jax") casts
             _checks.ON[0],  # checked mode: a checkified program
         )
         if holders_objs:
             return self._call_step(key, argstate, dyn, args, kwargs, holders_objs, self._key(key, rng), free)
         mods = ([self._module] if self._module is not None else []) + list(free.modules)
-        state_tensors = _module_state(mods)
-        state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
-        leaves = frozenset(k for k, t in state_tensors.items() if t.requires_grad)
-        names = tuple(k for k, t in state_tensors.items() if grad_mode and wants_grad(t))
-        slots = argstate.requiring_grad() if grad_mode else ()
-        fkey = (key, tuple((id(m), m.training) for m in mods), leaves, names)
-        rng = self._key(fkey, rng)
         locks = [_module_lock(m) for m in mods]
         with self._lock, contextlib.ExitStack() as stack:
             for lock in locks:
                 stack.enter_context(lock)
+            # read under the locks: another thread's trace binds tracers into these modules meanwhile
+            state_tensors = _module_state(mods)
+            state = {k: (t.elem if isinstance(t, JaxTensor) else tensor_to_jax(t)) for k, t in state_tensors.items()}
+            leaves = frozenset(k for k, t in state_tensors.items() if t.requires_grad)
+            names = tuple(k for k, t in state_tensors.items() if grad_mode and wants_grad(t))
+            slots = argstate.requiring_grad() if grad_mode else ()
+            fkey = (key, tuple((id(m), m.training) for m in mods), leaves, names)
+            rng = self._key(fkey, rng)
             prog = self._program(fkey, argstate, mods, free, leaves, (names, slots) if names or slots else ())
-            ext = (*args, list(free.tensors.values())) if free.tensors else args
+            ext = (*args, list(free.values.values())) if free.values else args
 
             def run(outs):
                 out, changed, written, new = outs
@@ -275,7 +337,8 @@ class Compiled:
                     lambda: self._aux[("vjp", fkey)],
                     self._aux.get(("dtypes", fkey)),
                 )
-            return _aliasing(result, self._aux[("aliases", fkey)], argstate.tensors)
+            result = _aliasing(result, self._aux[("aliases", fkey)], argstate.tensors)
+            return _with_statics(result, self._aux[("out", fkey)])
 
     def _key(self, key, rng: jax.Array | None) -> jax.Array:
         """`rng`, else the eager generator's next key for programs that draw (or not traced yet)."""
@@ -303,7 +366,7 @@ class Compiled:
                 pkey = (key, tuple(id(o) for o in objects), signature, positions)
                 grads = (positions, slots) if positions or slots else ()
                 prog = self._step_program(pkey, argstate, holders, opt_statics, key, free, grads)
-                ext = (*args, list(free.tensors.values())) if free.tensors else args
+                ext = (*args, list(free.values.values())) if free.values else args
 
                 def finish(outs):
                     out, new_state, written, new = outs
@@ -325,7 +388,8 @@ class Compiled:
             finally:
                 for lock in reversed(locks):
                     lock.release()
-        return _aliasing(result, self._aux[("aliases", pkey)], argstate.tensors)
+        result = _aliasing(result, self._aux[("aliases", pkey)], argstate.tensors)
+        return _with_statics(result, self._aux[("out", pkey)])
 
 
 # ---- autograd through a compiled call ------------------------------------------------------
@@ -428,7 +492,19 @@ def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
 
     def noted(*args, **kwargs):
         out = call(*args, **kwargs)
-        leaves = pytrees.flatten(out)[0]
+        leaves, tree = pytrees.flatten(out)
+        # Python values in the result (`x.shape`, `x.dtype`, `x.size(0)`) are static: kept here, put back
+        # by `_with_statics`; the program returns the arrays only
+        for x in leaves:
+            if not is_array_like(x) and not isinstance(x, _OUT_CONSTANTS):
+                raise TypeError(
+                    f"jaxtorch.jit: the function returns a {type(x).__name__} ({x!r:.80}), which is neither a "
+                    "tensor nor a constant (a number, a string, a dtype, a shape): it was made while tracing, "
+                    "so every call would get that same object. Return tensors (and containers of them), or "
+                    "call this part eagerly."
+                )
+        aux[("out", key)] = (tree, tuple(None if is_array_like(x) else x for x in leaves))
+        leaves = [x for x in leaves if is_array_like(x)]
         aux[("grad_flags", key)] = [isinstance(x, torch.Tensor) and x.requires_grad for x in leaves]
         by_id = {id(t): j for j, t in enumerate(inputs)}
         aliases = []
@@ -441,12 +517,21 @@ def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
             elif (j := by_id.get(id(root(x)))) is not None:
                 aliases.append((i, j, view_fn(x)))
         aux[("aliases", key)] = aliases
-        return out
+        return leaves
 
     # the module it runs (a module, or a bound method's), so `_run_torch`'s explicit-axes region
     # (`state._mesh_axes.auto_axes`) finds that module's sharded tensors through the wrapper
     noted.__self__ = getattr(call, "__self__", call)  # type: ignore[attr-defined]
     return noted
+
+
+def _with_statics(arrays: list, noted: tuple) -> Any:
+    """The function's result: the program's `arrays` put back among the Python values `_noting` kept.
+
+    Example: arrays `[t]`, noted `(tree of (x, x.shape), (None, 3, 2))` -> `(t, torch.Size([3, 2]))`."""
+    tree, statics = noted
+    it = iter(arrays)
+    return jax.tree_util.tree_unflatten(tree, [next(it) if s is None else s for s in statics])
 
 
 def _aliasing(out: Any, aliases: list, originals: list) -> Any:
@@ -529,30 +614,180 @@ def _differentiable_call(
     return jax.tree_util.tree_unflatten(tree, leaves)
 
 
-# ---- tensors and modules reached through closures and globals --------------------------------
+# ---- values, tensors and modules reached through closures and globals (the guards) -----------
+# Python values read afresh at every call and compared with the ones a program was traced with (a
+# change compiles again), as `torch.compile`'s guards do
+_CONSTANTS = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size, types.FunctionType)
+_CONSTANT_TYPES = frozenset((bool, *_CONSTANTS))  # exact types: the per-call module walk's fast test
+_OUT_CONSTANTS = tuple(c for c in _CONSTANTS if c is not types.FunctionType)  # what a result may hold
+_MAX_GUARDED = 1000  # items of one closed-over list/tuple/dict; a bigger one is not guarded (documented)
+
+
+def _guardable(v: Any, budget: list[int]) -> bool:
+    """`v` is a tensor, a constant, or a list/tuple/dict (string keys) of them: what `jaxtorch.jit`
+    reads afresh at every call (tensors as program inputs, the rest as part of the program's key).
+
+    Example: `_guardable({"scale": 2.0, "bias": t}, [1000])` -> True; a module -> False."""
+    if isinstance(v, (torch.Tensor, *_CONSTANTS)):
+        budget[0] -= 1
+        return budget[0] >= 0
+    if type(v) is dict:
+        return all(type(k) is str for k in v) and all(_guardable(x, budget) for x in v.values())
+    if type(v) in (list, tuple):
+        return all(_guardable(x, budget) for x in v)
+    return False
+
+
+class _Identity:
+    """A key entry equal only to the same object (a tensor's `==` is elementwise)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+def _plain_object(v: Any) -> bool:
+    """An instance of a user class (a config, a namespace) whose attributes a function may read."""
+    return (
+        hasattr(v, "__dict__")
+        and not isinstance(v, (torch.nn.Module, torch.optim.Optimizer, type, types.ModuleType, types.FunctionType))
+        and not callable(v)
+    )
+
+
+def _attribute_guards(found: list, names: tuple[str, ...]) -> tuple:
+    """For each plain object the function reaches, its attributes the code names (`cfg.scale`):
+    constants by value, tensors by identity (a new tensor there compiles again)."""
+    out: list[tuple[Any, str, Any]] = []
+    for loc, v in found:
+        if not _plain_object(v):
+            continue
+        d = vars(v)
+        for n in names:
+            x = d.get(n, _ABSENT)
+            if isinstance(x, torch.Tensor):
+                out.append((loc, n, _Identity(x)))
+            elif isinstance(x, _CONSTANTS):
+                out.append((loc, n, x))
+    return tuple(out)
+
+
+_ABSENT = object()
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = tuple(
+    n
+    for n in (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+    )
+    if hasattr(torch.nn.modules.module, n)
+)
+
+
+def _module_guards(mods) -> tuple:
+    """What decides a module's traced forward besides its tensors: each submodule's class, hooks
+    (`register_forward_hook` after the first call compiles again) and Python attributes that are
+    constants (`training`, `eps`, `momentum`, a flag), and the global module hooks. It runs at
+    every call, so it walks `_modules` itself and compares exact types.
+
+    Example: `_module_guards([nn.Linear(2, 2)])` -> `((), (Linear, (), (('training', True), ...)))`."""
+    g = torch.nn.modules.module
+    out: list = [tuple((n, tuple(h)) for n in _GLOBAL_HOOKS if (h := getattr(g, n)))]
+    seen: set[int] = set()
+    stack = list(reversed(mods))
+    while stack:
+        sub = stack.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        d = sub.__dict__
+        hooks = tuple((n, tuple(h)) for n in _HOOKS if (h := d.get(n)))
+        consts = tuple([(k, v) for k, v in d.items() if type(v) in _CONSTANT_TYPES or _constant_tuple(v)])
+        out.append((type(sub), hooks, consts))
+        stack += [c for c in reversed(d["_modules"].values()) if c is not None]
+    return tuple(out)
+
+
+_KEY_PARTS = (
+    "arguments",
+    "train mode",
+    "grad mode",
+    "closure/global names",
+    "attributes of closed-over objects",
+    "module classes, hooks or attributes",
+    "autocast",
+    "checked mode",
+)
+_LOCATED = ("global", "closure", "self.", "default")
+_WARN_AFTER = 8  # recompilations before `Compiled` warns (as torch.compile's cache size limit)
+_KEPT_REASONS = 100  # `stats()["reasons"]` keeps the latest ones
+
+
+def _parts(key: tuple, free: _Free, names: _FreeNames) -> dict[str, Any]:
+    """A program key by named part, with each value the function reached by where it is (computed
+    only when tracing, to say why a recompilation happened)."""
+    base, *rest = key
+    out: dict[str, Any] = dict(zip(_KEY_PARTS, base))
+    out["state (requires_grad, grads, optimizer state or hyperparameters)"] = tuple(rest)
+    func = names.function
+    for (kind, at), v in free.values.items():
+        where = {"global": f"global `{at}`", "attr": f"self.{at}", "default": f"default argument {at}"}.get(
+            kind, f"closure `{func.__code__.co_freevars[at]}`" if kind == "cell" else f"default argument `{at}`"
+        )
+        out[where] = _summary(v)
+    return out
+
+
+def _summary(v: Any) -> Any:
+    """What a guard compares of `v`: a tensor's shape, dtype and requires_grad; a constant; containers'."""
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), v.dtype, v.requires_grad)
+    if type(v) is dict:
+        return ("dict", tuple((k, _summary(x)) for k, x in v.items()))
+    if type(v) in (list, tuple):
+        return (type(v).__name__, tuple(_summary(x) for x in v))
+    return v
+
+
+def _constant_tuple(v: Any) -> bool:
+    return type(v) is tuple and all(type(x) in _CONSTANT_TYPES for x in v)
+
+
 @dataclasses.dataclass
 class _Free:
-    """What a function reaches outside its arguments at this call: tensors by where they
-    are (`("cell", i)` or `("global", name)`), modules and optimizers."""
+    """What a function reaches outside its arguments at this call: values by where they are
+    (`("cell", i)`, `("global", name)`, `("attr", name)`: tensors, constants and lists/tuples/dicts of
+    them; program inputs or part of the key), guards on plain objects' attributes, modules and optimizers."""
 
-    tensors: dict[tuple[str, Any], torch.Tensor]
+    values: dict[tuple[str, Any], Any]
+    guards: tuple
     modules: tuple[torch.nn.Module, ...]
     optimizers: tuple[torch.optim.Optimizer, ...]
 
 
-_NOTHING_FREE = _Free({}, (), ())
+_NOTHING_FREE = _Free({}, (), (), ())
 
 
 @dataclasses.dataclass(frozen=True)
 class _FreeNames:
     """Where a function can reach values from outside: its closure cells and the global names
     its code (nested code included: comprehensions, lambdas) mentions, found once per function;
-    `read()` looks them up again at every call, so a new tensor or module there is seen."""
+    `read()` looks them up again at every call, so a new value, tensor or module there is seen."""
 
     function: Any  # the plain function (a bound method's `__func__`), or None
     cells: tuple[int, ...]
     names: tuple[str, ...]
     owner: Any = None  # a bound method's `__self__` when it is not a module (its attributes are read)
+    stores: tuple[str, ...] = ()  # globals and closed-over names the code assigns (refused at call)
 
     @classmethod
     def of(cls, fn: Callable | None) -> _FreeNames:
@@ -568,13 +803,15 @@ class _FreeNames:
             names += [n for n in c.co_names if n not in names]
             stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         owner = owner if owner is not None and not isinstance(owner, torch.nn.Module) else None
-        return cls(func, tuple(range(len(func.__closure__ or ()))), tuple(names), owner)
+        return cls(func, tuple(range(len(func.__closure__ or ()))), tuple(names), owner, _stores(code))
 
     def read(self) -> _Free:
-        """The tensors, modules and optimizers the function reaches now."""
+        """The values, tensors, modules and optimizers the function reaches now."""
         func = self.function
         if func is None:
             return _NOTHING_FREE
+        if self.stores:
+            raise StateWriteError(_store_message(func, self.stores))
         found: list[tuple[tuple[str, Any], Any]] = []
         closure = func.__closure__ or ()
         for i in self.cells:
@@ -584,21 +821,43 @@ class _FreeNames:
                 pass
         g = func.__globals__
         found += [(("global", n), g[n]) for n in self.names if n in g]
+        found += [(("default", i), v) for i, v in enumerate(func.__defaults__ or ())]
+        found += [(("kwdefault", n), v) for n, v in (func.__kwdefaults__ or {}).items()]
         if self.owner is not None:
             found += [(("attr", n), v) for n, v in vars(self.owner).items()]
-        tensors = {k: v for k, v in found if isinstance(v, torch.Tensor)}
-        if not tensors and not any(isinstance(v, (torch.nn.Module, torch.optim.Optimizer)) for _, v in found):
-            return _NOTHING_FREE
+        values = {k: v for k, v in found if _guardable(v, [_MAX_GUARDED])}
         modules: dict[int, torch.nn.Module] = {}
         for _, v in found:
             if isinstance(v, torch.nn.Module):
                 modules.setdefault(id(v), v)
         optimizers = tuple({id(v): v for _, v in found if isinstance(v, torch.optim.Optimizer)}.values())
-        return _Free(tensors, tuple(modules.values()), optimizers)
+        return _Free(values, _attribute_guards(found, self.names), tuple(modules.values()), optimizers)
+
+
+def _stores(code: types.CodeType) -> tuple[str, ...]:
+    """Globals the code (nested code included) assigns or deletes, and closed-over names it assigns."""
+    out = [i.argval for i in dis.get_instructions(code) if i.opname == "STORE_DEREF" and i.argval in code.co_freevars]
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        out += [i.argval for i in dis.get_instructions(c) if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")]
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return tuple(dict.fromkeys(out))
+
+
+def _store_message(func: Any, names: tuple[str, ...]) -> str:
+    return (
+        f"jaxtorch.jit: `{func.__qualname__}` assigns "
+        + ", ".join(f"`{n}`" for n in names)
+        + " (a `global` or `nonlocal` name). A compiled function's Python runs only while it is traced "
+        "(once per compilation), not at every call, so the assignment would happen once and the value "
+        "would be wrong afterwards. Return the value from the function instead, or keep it in a tensor "
+        "passed as an argument (`count.add_(1)` is written back at every call)."
+    )
 
 
 def _reading(fn: Callable, values: dict[tuple[str, Any], Any]) -> Callable:
-    """A copy of `fn` that sees `values` in the closure cells and globals they came from
+    """A copy of `fn` that sees `values` in the closure cells, globals and default arguments they came from
     (while tracing: the program's inputs in place of the caller's tensors)."""
     owner = getattr(fn, "__self__", None)
     func = cast(types.FunctionType, getattr(fn, "__func__", fn))
@@ -608,14 +867,21 @@ def _reading(fn: Callable, values: dict[tuple[str, Any], Any]) -> Callable:
     for (kind, i), v in values.items():
         if kind == "cell":
             cells[i] = types.CellType(v)
+    defaults = list(func.__defaults__ or ())
+    kwdefaults = dict(func.__kwdefaults__ or {})
+    for (kind, at), v in values.items():
+        if kind == "default":
+            defaults[at] = v
+        elif kind == "kwdefault":
+            kwdefaults[at] = v
     copy = types.FunctionType(
         func.__code__,
         {**g, **new_globals} if new_globals else g,
         func.__name__,
-        func.__defaults__,
+        tuple(defaults) or None,
         tuple(cells) or None,
     )
-    copy.__kwdefaults__ = func.__kwdefaults__
+    copy.__kwdefaults__ = kwdefaults or None
     attrs = {n: v for (kind, n), v in values.items() if kind == "attr"}
     if owner is None:
         return copy
@@ -789,7 +1055,9 @@ def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compile
       and come out.
     - `state`: modules and optimizers the function closes over, treated the same way.
 
-    **Returns:** a `Compiled` callable; `.compilations` counts traces.
+    **Returns:** a `Compiled` callable; `.compilations` counts traces, `.stats()` gives the
+    recompilations and their reasons (a guarded global, closure value, hook or module
+    attribute that changed; see the module docstring).
 
     **Example:**
         ```python

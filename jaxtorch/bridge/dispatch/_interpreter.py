@@ -790,7 +790,42 @@ class JaxFunctionMode(TorchFunctionMode):
                 return func(*args, **kwargs)
         if func in _OUTSIDE_GRAPH or (getattr(func, "__self__", None) is _DATA and func.__name__ == "__get__"):
             return _outside_graph_call(func, args, kwargs)
+        if func in _ALPHA_OPS and _traced_scalar(kwargs.get("alpha")):
+            return _scaled_by_alpha(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+# ops whose `alpha=` torch's argument parser turns into a number (`.item()`): a traced 0-d tensor there
+# (an optimizer's learning rate lifted as a program input by jaxtorch.jit) scales `other` instead
+_ALPHA_OPS = frozenset(
+    {
+        torch.add,
+        torch.sub,
+        torch._C.TensorBase.add,
+        torch._C.TensorBase.add_,
+        torch._C.TensorBase.sub,
+        torch._C.TensorBase.sub_,
+        torch._foreach_add,
+        torch._foreach_add_,
+        torch._foreach_sub,
+        torch._foreach_sub_,
+    }
+)
+
+
+def _traced_scalar(x) -> bool:
+    """A 0-d jax tensor holding a tracer (its `.item()` is data-dependent)."""
+    return isinstance(x, JaxTensor) and x.dim() == 0 and isinstance(root_data(x), _Tracer)
+
+
+def _scaled_by_alpha(func, args, kwargs):
+    """`func(self, other, alpha=a)` as `func(self, other * a)`: the value torch computes, `a` a traced tensor.
+
+    Example: `p.add_(g, alpha=-lr)` -> `p.add_(g * -lr)`."""
+    self_, other, *rest = args
+    alpha = kwargs.pop("alpha")
+    other = torch._foreach_mul(other, alpha) if isinstance(other, (list, tuple)) else other * alpha
+    return func(self_, other, *rest, **kwargs)
 
 
 # what torch's autograd never differentiates through, seen as the user calls it (torch's own internal

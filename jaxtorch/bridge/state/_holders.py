@@ -14,9 +14,11 @@ and outputs:
   and `install` of the program's results makes the update real.
 
 Optimizers run in their `capturable` form while traced (no `.item()` on the step
-counter), and Adam/AdamW get their learning rate as a traced scalar, so an LR scheduler
-between steps does not recompile. Other optimizers' learning rates are part of the
-static signature: changing one compiles again (`Compiled.compilations` shows it).
+counter), and the learning rate of SGD, RMSprop, Adam, AdamW, Adamax, NAdam, RAdam,
+Adadelta and ASGD (exact classes, `_TENSOR_LR`) is a traced scalar, so an LR scheduler
+between steps does not recompile. Other hyperparameters (momentum, betas, weight decay),
+and the learning rate of other optimizers, are part of the static signature: changing one
+compiles again (`Compiled.compilations` shows it).
 
 Example:
     ```python
@@ -42,8 +44,20 @@ from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._tensor import JaxTensor, labelled, make_view, root, view_fn, view_key, was_written, write
 from ._binding import Binding
 
-# Optimizers whose capturable code path accepts a tensor learning rate.
-_TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
+# Optimizers whose step accepts a tensor learning rate (checked against eager torch in
+# tests/interop/test_compile_train_step.py): an LR scheduler between steps does not recompile.
+# Exact types: a subclass may override `step` with code that needs a Python float.
+_TENSOR_LR = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adadelta,
+    torch.optim.ASGD,
+    torch.optim.RMSprop,
+    torch.optim.SGD,
+)
 
 
 @dataclasses.dataclass
@@ -137,7 +151,7 @@ class Holders:
             per_lr: list[jax.Array | None] = []
             sig: list[tuple] = []
             for group, params in zip(opt.param_groups, groups):
-                traced_lr = isinstance(opt, _TENSOR_LR) and not isinstance(group["lr"], torch.Tensor)
+                traced_lr = type(opt) in _TENSOR_LR and not isinstance(group["lr"], torch.Tensor)
                 per_lr.append(jnp.asarray(group["lr"], jnp.float32) if traced_lr else None)
                 hyper = {k: freeze(v) for k, v in group.items() if k != "params" and not (k == "lr" and traced_lr)}
                 sig.append(tuple(sorted(hyper.items())))
@@ -226,7 +240,7 @@ class Holders:
                 if tracing:
                     if "capturable" in group:
                         group["capturable"] = True
-                    if lr is not None:
+                    if lr is not None:  # (SGD's `add_(g, alpha=-lr)`: see dispatch's `_scaled_by_alpha`)
                         group["lr"] = JaxTensor(lr)
                 for p in params:
                     values = {k: JaxTensor(v) for k, v in next(arrays).items()}

@@ -240,6 +240,14 @@ class JaxTensor(torch.Tensor):
         """Python numbers (nested lists), like `torch.Tensor.tolist`."""
         return self.cpu().tolist()
 
+    def __format__(self, format_spec: str) -> str:
+        """As `torch.Tensor.__format__`: a 0-d tensor formats its `.item()`, others as an object.
+
+        Example: `f"{loss:.3f}"` -> `'0.693'`."""
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self, *, tensor_contents=None) -> str:  # type: ignore[override]
         elem = self._concrete("print/repr of a tensor")
         traced = isinstance(elem, jax.core.Tracer)
