@@ -341,6 +341,35 @@ def test_an_attribute_of_a_closed_over_object_is_guarded():
     assert fast.compilations == 3
 
 
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_an_in_place_write_to_a_closed_over_objects_tensor_is_seen(device):
+    class Config:
+        offset = None
+
+    cfg = Config()
+    cfg.offset = torch.ones(3, device=device)
+
+    def f(x):
+        return x + cfg.offset
+
+    fast = jaxtorch.jit(f)
+    x = torch.zeros(3, device=device)
+    _close(fast(x), f(x))
+    cfg.offset.add_(1)
+    _close(fast(x), f(x))
+    with torch.no_grad():
+        cfg.offset.mul_(3)
+    _close(fast(x), f(x))
+    if device == "jax":  # a write through .data bumps no torch version counter: jaxtorch's own count sees it
+        cfg.offset.data.fill_(7)
+        _close(fast(x), f(x))
+    cfg.offset[0] = -1
+    _close(fast(x), f(x))
+    compiled = fast.compilations
+    _close(fast(x), f(x))
+    assert fast.compilations == compiled  # no write, no new program
+
+
 def test_assigning_a_global_or_nonlocal_name_raises_naming_it():
     count = 0
 

@@ -664,7 +664,8 @@ def _plain_object(v: Any) -> bool:
 
 def _attribute_guards(found: list, names: tuple[str, ...]) -> tuple:
     """For each plain object the function reaches, its attributes the code names (`cfg.scale`):
-    constants by value, tensors by identity (a new tensor there compiles again)."""
+    constants by value, tensors by identity and version (a new tensor there, or an in-place write to
+    it, compiles again)."""
     out: list[tuple[Any, str, Any]] = []
     for loc, v in found:
         if not _plain_object(v):
@@ -673,10 +674,18 @@ def _attribute_guards(found: list, names: tuple[str, ...]) -> tuple:
         for n in names:
             x = d.get(n, _ABSENT)
             if isinstance(x, torch.Tensor):
-                out.append((loc, n, _Identity(x)))
+                out.append((loc, n, _tensor_guard(x)))
             elif isinstance(x, _CONSTANTS):
                 out.append((loc, n, x))
     return tuple(out)
+
+
+def _tensor_guard(x: torch.Tensor) -> tuple:
+    """A key entry for a tensor held outside the program's inputs: its identity and its versions (torch's
+    counter, and for a jax tensor its root's write count, which `.data` writes bump too), so a new tensor
+    or any write to it compiles again rather than reading a stale constant."""
+    written = root(x)._jt_version if isinstance(x, JaxTensor) else None
+    return (_Identity(x), x._version, written)
 
 
 _ABSENT = object()
