@@ -2,7 +2,8 @@
 
 An XLA gather cannot raise, so by default an out-of-range read gives the fill value (NaN for floats,
 the rule in docs/api/errors.md) and an out-of-range write is dropped, where CPU torch raises
-`IndexError`. `jaxtorch.checks()` (or `JAXTORCH_CHECKS=1` in the environment, read at import) turns on checks that raise torch's error instead:
+`IndexError`. `jaxtorch.checks()` (or `JAXTORCH_CHECKS=1` in the environment, read at import) turns on
+checks that raise torch's error instead:
 
 - concretely (op by op, values known): a plain Python check, raised at the op;
 - traced inside `jaxtorch.jit`/`compile` or an eager op's cached jit: `checkify.check`, the
