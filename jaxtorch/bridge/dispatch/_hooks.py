@@ -40,6 +40,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from ..core._autodiff import differentiated_by_jax
 from ..core._errors import HookUnderTraceError
+from ..tensor._device import keep_hook_errors
 from ..tensor._tensor import JaxTensor, labelled, root, set_same_data
 
 _Tracer = jax.core.Tracer
@@ -184,6 +185,8 @@ _torch_apply_on_tensors = torch_hooks.BackwardHook._apply_on_tensors
 
 
 def _register_hook(self, hook):
+    if isinstance(self, JaxTensor):  # (torch's Python guard would lose, or abort on, the hook's exception)
+        hook = keep_hook_errors(hook)
     if type(self) is JaxTensor and torch.is_grad_enabled() and _traced_float(self):
         if not self.requires_grad:
             return _hook_tensor(self, hook)
