@@ -262,7 +262,7 @@ def keep_hook_errors(hook: Callable) -> Callable:
 
 def _reaches(roots, node) -> bool:
     """Whether the autograd `node` is in the graph of `roots` (tensors)."""
-    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    todo: list = [t.grad_fn for t in roots if isinstance(t, torch.Tensor)]
     seen: set[int] = set()
     while todo:
         n = todo.pop()
