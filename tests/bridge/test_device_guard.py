@@ -290,6 +290,38 @@ def test_the_python_guard_keeps_a_jax_error_and_runs_a_later_backward_clean():
     assert python_guard.stdout.splitlines()[1:] == ["caught: raised in a hook, once", "[3.0, 3.0, 3.0]"]
 
 
+# A module's full backward hook and pre-hook raise during backward; the module trains on afterwards.
+_RAISE_IN_MODULE_HOOKS = """
+import torch, jaxtorch
+
+m = torch.nn.Linear(3, 2).to("jax")
+x = torch.ones(4, 3, device="jax", requires_grad=True)
+for register, error in ((m.register_full_backward_hook, KeyError), (m.register_full_backward_pre_hook, OSError)):
+    def hook(*args, error=error):
+        raise error(f"raised in a {register.__name__}")
+    handle = register(hook)
+    try:
+        m(x).sum().backward()
+    except error as e:
+        print("caught:", type(e).__name__, e)
+    handle.remove()
+m.zero_grad()
+m(x).sum().backward()
+print(m.bias.grad.tolist())
+"""
+
+
+def test_the_python_guard_keeps_an_exception_raised_in_a_module_backward_hook():
+    expected = [
+        "caught: KeyError 'raised in a register_full_backward_hook'",
+        "caught: OSError raised in a register_full_backward_pre_hook",
+        "[4.0, 4.0]",
+    ]
+    for env in ({}, {"JAXTORCH_PYTHON_GUARD": "1"}):
+        out = _python(_RAISE_IN_MODULE_HOOKS, **env)
+        assert out.returncode == 0 and out.stdout.splitlines() == expected, (env, out.stderr)
+
+
 # Two threads run backward passes at once, each failing with its own exception.
 _KEEP_PER_THREAD = """
 import threading, torch, jaxtorch

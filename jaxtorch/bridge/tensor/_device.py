@@ -172,7 +172,8 @@ def _warn_no_guard(reason: str, *, remembered: bool) -> None:
     when = "remembered from an earlier import" if remembered else "at this import"
     warnings.warn(
         f"jaxtorch could not build its C++ device guard ({when}: {reason}); torch's Python guard is used, which "
-        "can lose an exception raised inside loss.backward() on the jax device. Install a C++ compiler and "
+        "calls into Python at every device switch (jaxtorch keeps an exception an op or a tensor or module hook "
+        "raises inside loss.backward(), others are lost). Install a C++ compiler and "
         "ninja (`pip install ninja`), then set JAXTORCH_GUARD_RETRY=1 once to build it; JAXTORCH_PYTHON_GUARD=1 "
         "silences this.",
         stacklevel=3,

@@ -58,7 +58,8 @@ def install_dispatch(fn: Callable) -> None:
     """Make `fn(func, args, kwargs)` run every ATen op on a `JaxTensor`.
 
     The dispatch layer (above this one) installs its interpreter here when it is imported,
-    so this module never imports it; `JaxTensor.__torch_dispatch__` calls `fn` directly.
+    so this module never imports it; `JaxTensor.__torch_dispatch__` calls `fn` directly
+    (through `_device.engine_entry` when torch's Python guard is used).
 
     **Example:**
         ```python
