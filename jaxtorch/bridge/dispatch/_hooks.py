@@ -40,6 +40,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from ..core._autodiff import differentiated_by_jax
 from ..core._errors import HookUnderTraceError
+from ..tensor._device import CPP_GUARD, keep_hook_errors
 from ..tensor._tensor import JaxTensor, labelled, root, set_same_data
 
 _Tracer = jax.core.Tracer
@@ -184,6 +185,8 @@ _torch_apply_on_tensors = torch_hooks.BackwardHook._apply_on_tensors
 
 
 def _register_hook(self, hook):
+    if isinstance(self, JaxTensor):  # (torch's Python guard would lose, or abort on, the hook's exception)
+        hook = keep_hook_errors(hook)
     if type(self) is JaxTensor and torch.is_grad_enabled() and _traced_float(self):
         if not self.requires_grad:
             return _hook_tensor(self, hook)
@@ -217,6 +220,8 @@ class _Both:
 def _apply_on_tensors(self, fn, args):
     """torch's `BackwardHook._apply_on_tensors`, with JAX's identity in place of its graph node
     when JAX, not torch, differentiates the module's tensors."""
+    if not CPP_GUARD:  # (torch's Python guard would abort on a module hook's exception in backward)
+        fn = _keeping(fn)
     idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors = [args[i] for i in idx]
     if not torch.is_grad_enabled() or not any(_traced_float(t) for t in tensors):
@@ -231,6 +236,31 @@ def _apply_on_tensors(self, fn, args):
                 set_same_data(out[i], jax_out[i].elem)
         return out, torch_idx
     return _jax_hooks(fn, args)
+
+
+class _KeepingNode:
+    """A `grad_fn` whose hooks keep their exceptions for backward() to raise (`keep_hook_errors`)."""
+
+    def __init__(self, node) -> None:
+        self._node = node
+
+    def register_hook(self, hook: Callable):
+        return self._node.register_hook(keep_hook_errors(hook))
+
+    def register_prehook(self, hook: Callable):
+        return self._node.register_prehook(keep_hook_errors(hook))
+
+    def __getattr__(self, name: str):
+        return getattr(self._node, name)
+
+
+def _keeping(fn: Callable) -> Callable:
+    """`BackwardHook`'s `fn(grad_fn)`, given a `grad_fn` whose hooks keep their exceptions."""
+
+    def keeping(node) -> None:
+        fn(_KeepingNode(node) if not isinstance(node, _Node) else node)
+
+    return keeping
 
 
 def _jax_hooks(fn, args):

@@ -46,7 +46,7 @@ from ..core._executor import Executor, OpCall, signature
 from ..core._lazy import LAZY
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, tensor_to_jax
-from ..tensor._device import is_jax_device, jax_device_of
+from ..tensor._device import engine_entry, is_jax_device, jax_device_of
 from ..tensor._tensor import (
     JaxTensor,
     detach_result,
@@ -737,6 +737,10 @@ class JaxDispatchMode(TorchDispatchMode):
             writes.refuse_torch_state_writes(func, args, kwargs)
             return writes.note_fresh(func, args, _mode_dispatch(func, types, args, kwargs))
         return _mode_dispatch(func, types, args, kwargs or {})
+
+
+# with torch's Python guard, an exception raised in an op the autograd engine runs is kept (`engine_entry`)
+JaxDispatchMode.__torch_dispatch__ = engine_entry(JaxDispatchMode.__torch_dispatch__)  # type: ignore[method-assign]
 
 
 def _mode_dispatch(func, types, args, kwargs):

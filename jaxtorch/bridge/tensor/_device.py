@@ -8,6 +8,7 @@ physical placement, or sharding, is the JAX array's own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -16,7 +17,9 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -169,7 +172,8 @@ def _warn_no_guard(reason: str, *, remembered: bool) -> None:
     when = "remembered from an earlier import" if remembered else "at this import"
     warnings.warn(
         f"jaxtorch could not build its C++ device guard ({when}: {reason}); torch's Python guard is used, which "
-        "can lose an exception raised inside loss.backward() on the jax device. Install a C++ compiler and "
+        "calls into Python at every device switch (jaxtorch keeps an exception an op or a tensor or module hook "
+        "raises inside loss.backward(), others are lost). Install a C++ compiler and "
         "ninja (`pip install ninja`), then set JAXTORCH_GUARD_RETRY=1 once to build it; JAXTORCH_PYTHON_GUARD=1 "
         "silences this.",
         stacklevel=3,
@@ -178,32 +182,158 @@ def _warn_no_guard(reason: str, *, remembered: bool) -> None:
 
 _LOST = "returned NULL without setting an exception"
 
+# With torch's Python device guard, an exception that leaves Python for torch's C++ while its autograd
+# engine runs a backward is lost (or aborts the process, for a tensor hook): the guard calls back into
+# Python as C++ unwinds. So jaxtorch's entry points the engine calls (`engine_entry`, `keep_hook_errors`)
+# keep it here instead, by graph task, with the autograd node that ran, and hand C++ a harmless failure
+# (`_KEPT`, which C++ cannot cast) or, for a hook, the gradient unchanged; `engine_run_backward` raises
+# the kept exception, its type, message and traceback, once the engine returns.
+_kept: dict[int, tuple[BaseException, object]] = {}  # graph task id -> (first exception, its autograd node)
+_kept_lock = threading.Lock()
+_in_flight = [0]  # backward passes running (all threads)
+
+
+class _Kept:
+    def __repr__(self) -> str:
+        return "<jaxtorch: an exception raised in backward, raised again when backward() returns>"
+
+
+_KEPT = _Kept()  # what an op the engine called returns in place of raising: C++ fails without Python
+
+
+def _keep(e: BaseException) -> bool:
+    """Keep `e` for the backward pass running on this thread; False (keep nothing) outside one."""
+    task = torch._C._current_graph_task_id()
+    if task < 0:
+        return False
+    with _kept_lock:
+        _kept.setdefault(task, (e, torch._C._current_autograd_node()))
+    return True
+
+
+def _failed_here() -> bool:
+    """Whether the backward pass running on this thread has already kept an exception."""
+    return bool(_kept) and torch._C._current_graph_task_id() in _kept
+
+
+def engine_entry(fn: Callable, depth: int = 0) -> Callable:
+    """`fn` (an entry point torch's C++ calls: `__torch_dispatch__`), keeping an exception raised while the
+    autograd engine called it, when torch's Python guard is used; `fn` itself with the C++ guard.
+
+    `depth` is the number of Python frames between torch's C++ and the returned function (1 when a
+    `__torch_dispatch__` calls it): only a call straight from the engine keeps (a `Function.backward` or
+    a hook calling ops gets their exceptions, as usual).
+    """
+    if CPP_GUARD:
+        return fn
+
+    @functools.wraps(fn)
+    def entry(*args, **kwargs):
+        if _kept and _failed_here() and sys._getframe(depth).f_back is None:
+            return _KEPT  # the pass already failed (in a hook): stop it at its next op
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            if sys._getframe(depth).f_back is None and _keep(e):
+                return _KEPT
+            raise
+
+    return entry
+
+
+def keep_hook_errors(hook: Callable) -> Callable:
+    """`hook` (a tensor hook torch's engine calls) keeping its exception for `engine_run_backward`,
+    with torch's Python guard (the process aborts otherwise); `hook` itself with the C++ guard."""
+    if CPP_GUARD:
+        return hook
+
+    @functools.wraps(hook)
+    def kept(*args, **kwargs):
+        if _kept and _failed_here():
+            return None  # the pass already failed: later hooks do not run
+        try:
+            return hook(*args, **kwargs)
+        except BaseException as e:
+            if _keep(e):
+                return None  # the gradient unchanged; the pass stops at its next op
+            raise
+
+    return kept
+
+
+def _reaches(roots, node) -> bool:
+    """Whether the autograd `node` is in the graph of `roots` (tensors)."""
+    todo: list = [t.grad_fn for t in roots if isinstance(t, torch.Tensor)]
+    seen: set[int] = set()
+    while todo:
+        n = todo.pop()
+        if n is None or id(n) in seen:
+            continue
+        if n is node:
+            return True
+        seen.add(id(n))
+        todo.extend(next_fn for next_fn, _ in n.next_functions)
+    return False
+
+
+def _claim(roots) -> BaseException | None:
+    """The exception kept by this backward pass (whose graph holds `roots`), taken out of `_kept`."""
+    with _kept_lock:
+        alone = _in_flight[0] == 1
+        for task, (e, node) in list(_kept.items()):
+            if alone or node is None or _reaches(roots, node):
+                del _kept[task]
+                if alone:
+                    _kept.clear()
+                return e
+    return None
+
 
 def _keep_backward_errors() -> None:
-    """With torch's Python guard, an exception raised in an op of the backward pass can be dropped by
-    the guard while torch's engine unwinds, and `run_backward` then fails with CPython's bare
-    `SystemError: ... returned NULL without setting an exception`. Say what happened and the way out."""
+    """With torch's Python guard, an exception raised in an op or a tensor hook of the backward pass is
+    kept by jaxtorch's entry points (`engine_entry`, `keep_hook_errors`) and raised here, as it was,
+    once torch's engine returns. An exception lost anyway (CPython's bare `SystemError: ... returned NULL
+    without setting an exception`) becomes an error naming the way out."""
     import torch.autograd as autograd
 
     run = autograd._engine_run_backward
     if getattr(run, "_jaxtorch_wrapped", False):
         return
 
-    def engine_run_backward(*args, **kwargs):
+    def engine_run_backward(t_outputs, *args, **kwargs):
+        with _kept_lock:
+            _in_flight[0] += 1
+        kept = None
         try:
-            return run(*args, **kwargs)
-        except SystemError as e:
-            if _LOST not in str(e):
-                raise
-            raise RuntimeError(
-                "an exception was raised inside backward() on the jax device, and torch's Python device guard "
-                "lost it (jaxtorch's C++ device guard is not built in this environment). Install a C++ compiler "
-                "and ninja (`pip install ninja`) and run once with JAXTORCH_GUARD_RETRY=1 to build it; then the "
-                "original exception is raised."
-            ) from e
+            try:
+                out = run(t_outputs, *args, **kwargs)
+            except BaseException as e:
+                kept = _claim(t_outputs) if _kept else None
+                if kept is None:
+                    if isinstance(e, SystemError) and _LOST in str(e):
+                        raise RuntimeError(_LOST_MESSAGE) from e
+                    raise
+            else:
+                kept = _claim(t_outputs) if _kept else None
+                if kept is None:
+                    return out
+        finally:
+            with _kept_lock:
+                _in_flight[0] -= 1
+                if not _in_flight[0]:
+                    _kept.clear()  # nothing kept outlives the passes that were running
+        raise kept  # the user's exception, with its traceback (outside `except`: no context added)
 
     engine_run_backward._jaxtorch_wrapped = True  # type: ignore[attr-defined]
     autograd._engine_run_backward = engine_run_backward
+
+
+_LOST_MESSAGE = (
+    "an exception was raised inside backward() on the jax device, and torch's Python device guard "
+    "lost it (jaxtorch's C++ device guard is not built in this environment). Install a C++ compiler "
+    "and ninja (`pip install ninja`) and run once with JAXTORCH_GUARD_RETRY=1 to build it; then the "
+    "original exception is raised."
+)
 
 
 # Where the C++ device guard came from: "cached" (compiled by an earlier import), "compiled" (by this

@@ -33,7 +33,7 @@ from ..core import _lazy
 from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
 from . import _serialization
-from ._device import JAX_DEVICE
+from ._device import JAX_DEVICE, engine_entry
 
 _Lazy = _lazy.LazyArray
 _Tracer = jax.core.Tracer
@@ -58,7 +58,8 @@ def install_dispatch(fn: Callable) -> None:
     """Make `fn(func, args, kwargs)` run every ATen op on a `JaxTensor`.
 
     The dispatch layer (above this one) installs its interpreter here when it is imported,
-    so this module never imports it; `JaxTensor.__torch_dispatch__` calls `fn` directly.
+    so this module never imports it; `JaxTensor.__torch_dispatch__` calls `fn` directly
+    (through `_device.engine_entry` when torch's Python guard is used).
 
     **Example:**
         ```python
@@ -66,7 +67,7 @@ def install_dispatch(fn: Callable) -> None:
         ```
     """
     global _dispatch
-    _dispatch = fn
+    _dispatch = engine_entry(fn, depth=1)  # (torch's Python guard: keeps an exception raised in backward)
 
 
 class JaxTensor(torch.Tensor):
