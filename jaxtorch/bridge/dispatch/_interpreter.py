@@ -301,17 +301,22 @@ def _make_view_runner(func, lowering):
 
 
 def _cast_check(func, elementwise_op=None) -> Callable | None:
-    """For an in-place pointwise op, `check(value, t)` raising as torch does when the result's
-    dtype cannot be cast to the tensor's (`int_tensor.add_(0.5)`, `int_tensor.sqrt_()`): writing
-    would round silently. None for other ops (fills, scatters and random fills cast by design)."""
+    """For an in-place or `out=` pointwise op (called only for ops that write), `check(value, t)`
+    raising as torch does when the result's dtype cannot be cast to the tensor's
+    (`int_tensor.add_(0.5)`, `int_tensor.sqrt_()`, `torch.add(float_t, 0.5, out=int_t)`): writing
+    would round silently. None for other ops (fills, scatters and random fills cast by design;
+    reductions such as `sum.IntList_out` cast into their out tensor as torch's do)."""
     pointwise = torch.Tag.pointwise
-    if not func._schema.name.endswith("_") or registry.is_flagged(func, registry.RANDOM):
+    if registry.is_flagged(func, registry.RANDOM):
         return None
     sibling = elementwise_op if elementwise_op is not None else _functional_sibling(func)
+    if sibling is not None and registry.is_flagged(sibling, registry.RANDOM):
+        return None
     if pointwise not in func.tags and (sibling is None or pointwise not in sibling.tags):
         return None
 
     castable: set = set()  # (result dtype, tensor dtype) pairs seen to cast
+    how = "in-place op" if func._schema.name.endswith("_") else "out= argument"
 
     def check(value, t) -> None:
         pair = (value.dtype, t.dtype)
@@ -324,7 +329,7 @@ def _cast_check(func, elementwise_op=None) -> Callable | None:
             return
         raise RuntimeError(
             f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
-            f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
+            f"{t.dtype} (torch refuses this {how} too); use the out-of-place op, or cast the tensor first."
         )
 
     return check
