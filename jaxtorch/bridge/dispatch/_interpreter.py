@@ -283,8 +283,13 @@ class _ViewFn:
         return ("view", self.op.func, sig[0], self.index)
 
 
+# views whose elements may share memory (a stride-0 dimension): writes through them check (`_writes`)
+_MAY_OVERLAP = frozenset({aten.expand.default, aten.as_strided.default})
+
+
 def _make_view_runner(func, lowering):
     op = _op_call(func, lowering)
+    may_overlap = func in _MAY_OVERLAP
 
     def run(ex: Executor, args, kwargs):
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
@@ -295,9 +300,61 @@ def _make_view_runner(func, lowering):
         rest, kw = jargs[1:], jkwargs
         if isinstance(out, (list, tuple)):
             return type(out)(make_view(base, o, _ViewFn(op, rest, kw, i)) for i, o in enumerate(out))
-        return make_view(base, out, _ViewFn(op, rest, kw, None))
+        v = make_view(base, out, _ViewFn(op, rest, kw, None))
+        if may_overlap:
+            v._jt_overlap = True
+        return v
 
     return run
+
+
+# In-place and `out=` ops that are not pointwise but refuse, as torch does, a destination whose elements
+# share memory (`x.expand(3, 4).copy_(src)`, `torch.mm(a, b, out=expanded)`); torch lets fills,
+# `index_put_`, `masked_fill_`, `index_fill_`, `tril_`/`triu_`, metadata changes (`squeeze_`) and some
+# reductions' `out=` (`sum`, `prod`, `amax`) write into one (every copy gets the same value).
+_OVERLAP_REFUSED = frozenset(
+    {
+        "mm",
+        "cat",
+        "sort",
+        "index_select",
+        "where",
+        "cumsum",
+        "mean",
+        "copy_",
+        "index_copy_",
+        "index_add_",
+        "index_reduce_",
+        "masked_scatter_",
+        "put_",
+        "scatter_",
+        "scatter_add_",
+        "scatter_reduce_",
+        "cumsum_",
+        "cumprod_",
+    }
+)
+
+
+_OVERLAP_ALLOWED = frozenset(
+    {"fill_", "zero_", "masked_fill_", "index_fill_", "index_put_", "_index_put_impl_", "tril_", "triu_"}
+)
+
+
+def _checks_overlap(func) -> bool:
+    """Whether `func` (an in-place or `out=` op) refuses an internally overlapping destination as
+    torch does: pointwise ops (TensorIterator's check) but fills, random fills, and `_OVERLAP_REFUSED`.
+    Decided once per overload."""
+    name = func._schema.name.split("::")[1]
+    if name in _OVERLAP_ALLOWED:
+        return False
+    if name in _OVERLAP_REFUSED or registry.is_flagged(func, registry.RANDOM):
+        return True
+    pointwise = torch.Tag.pointwise
+    if pointwise in func.tags:
+        return True
+    sibling = _functional_sibling(func)
+    return sibling is not None and pointwise in sibling.tags
 
 
 def _cast_check(func, elementwise_op=None) -> Callable | None:
@@ -339,6 +396,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     """Run `compute` (functional) then write results into the mutated arguments."""
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
+    check_overlap = _checks_overlap(func)
 
     def write_result(t, r) -> None:
         if t is None:
@@ -346,6 +404,8 @@ def _make_mutating_runner(func, compute: Callable, mutated):
         if not isinstance(t, JaxTensor):
             _cpu_write(func, t)
             raise DeviceMismatchError(func, t.device)
+        if t._jt_overlap and check_overlap:
+            writes.refuse_internal_overlap(t)
         value = r._raw() if type(r) is JaxTensor else r
         if check_cast is not None:
             check_cast(value, t)
@@ -459,6 +519,9 @@ def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
         if check_cast is not None:
             for t, r in zip(args[0], out):
                 check_cast(r, t)
+        for t in args[0]:
+            if t._jt_overlap:
+                writes.refuse_internal_overlap(t)
         write_many(args[0], out)
         return None
 
@@ -641,6 +704,8 @@ def _to_copy(ex, args, kwargs):
 def _copy_(ex, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, JaxTensor):
+        if dst._jt_overlap:
+            writes.refuse_internal_overlap(dst)
         write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
         return dst
     # jax -> cpu copy into a plain tensor
