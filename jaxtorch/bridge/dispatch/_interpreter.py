@@ -397,9 +397,26 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
     check_overlap = _checks_overlap(func)
+    void = not func._schema.returns  # (`split_copy.Tensor_out` writes its list, returns nothing)
+
+    def write_list(ts, rs) -> None:
+        """An `out=` list (`split_copy.Tensor_out`): each result copied into its tensor as torch's
+        kernel does (`copy_`: broadcast to the tensor, cast to its dtype; never resized)."""
+        if len(ts) != len(rs):
+            name = f"{func._schema.name.split('::')[1]}_{func._overloadname}"
+            raise RuntimeError(f"{name}() expected an out= argument of size {len(rs)}, got size {len(ts)}")
+        for u in ts:
+            if not isinstance(u, JaxTensor):
+                _cpu_write(func, u)
+                raise DeviceMismatchError(func, u.device)
+        for u, v in zip(ts, rs):
+            u.copy_(v if isinstance(v, torch.Tensor) else JaxTensor(v))
 
     def write_result(t, r) -> None:
         if t is None:
+            return
+        if isinstance(t, (list, tuple)):
+            write_list(t, r)
             return
         if not isinstance(t, JaxTensor):
             _cpu_write(func, t)
@@ -422,7 +439,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
             result = compute(ex, args, kwargs)
             t = kwargs.get(name0) if (kw0 or i0 >= len(args)) else args[i0]
             write_result(t, result)
-            return t
+            return None if void else t
 
         return run_one
 
@@ -435,7 +452,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
         results = result if isinstance(result, (list, tuple)) and len(targets) > 1 else (result,)
         for t, r in zip(targets, results):
             write_result(t, r)
-        return tuple(targets)
+        return None if void else tuple(targets)
 
     return run
 
