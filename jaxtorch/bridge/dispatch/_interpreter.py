@@ -509,10 +509,29 @@ def _sibling_compute(func, sibling, mutated) -> Callable:
 
         return make
 
+    if func.overloadpacket.__name__ in _OUT_DTYPE_ACCUMULATES and any(
+        a.name == "dtype" for a in sibling._schema.arguments
+    ):
+        ((i, out_name, kw_only),) = mutated
+
+        def accumulate(ex: Executor, args, kwargs):  # `torch.sum(x, 0, out=int_t)` sums x cast to int_t's dtype
+            out = kwargs.get(out_name) if (kw_only or i >= len(args)) else args[i]
+            kw = {k: v for k, v in kwargs.items() if k not in names}
+            if kw.get("dtype") is None and isinstance(out, torch.Tensor):
+                kw["dtype"] = out.dtype
+            return inner(ex, args[:n_pos], kw)
+
+        return accumulate
+
     def compute(ex: Executor, args, kwargs):
         return inner(ex, args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
 
     return compute
+
+
+# Reductions and scans whose `out=` tensor's dtype, with no `dtype=` given, is the dtype torch computes
+# in (`torch.sum(float_x, 0, out=int_t)` sums the truncated values: 1.5 + 2.5 gives 3, not 4)
+_OUT_DTYPE_ACCUMULATES = frozenset({"sum", "prod", "cumsum", "cumprod"})
 
 
 def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
