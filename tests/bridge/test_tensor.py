@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 import jaxtorch
@@ -103,6 +104,43 @@ def test_view_mutation_updates_base_and_back(env):
     assert x.tolist() == [[6.0, 1.0, 1.0], [10.0, 10.0, 10.0]]
     x[0, 0] = -1.0
     assert x[0, 0].item() == -1.0
+
+
+_OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+
+
+def test_write_into_overlapping_view_refused_as_torch(env):
+    """A destination whose elements share memory (an `expand` of a size-1 dim, an `as_strided`
+    with stride 0) is refused by the ops torch refuses (it wrote every row into one base row);
+    fills and a broadcast-free view of it still write, as in torch."""
+    x = torch.zeros(1, 4, device="jax")
+    with pytest.raises(RuntimeError, match=_OVERLAP):
+        x.expand(3, 4).add_(1)
+    with pytest.raises(RuntimeError, match=_OVERLAP):
+        x[0, :1].expand(3).copy_(torch.tensor([1.0, 2.0, 3.0], device="jax"))
+    with pytest.raises(RuntimeError, match=_OVERLAP):
+        torch.mul(torch.ones(3, 4, device="jax"), 2, out=x.expand(3, 4))
+    with pytest.raises(RuntimeError, match=_OVERLAP):
+        x.as_strided((3, 4), (0, 1)).normal_()
+    with pytest.raises(RuntimeError, match=_OVERLAP):
+        torch._foreach_add_([x.expand(2, 4).t()], 1.0)
+    assert x.tolist() == [[0.0] * 4]  # nothing written
+    x.expand(1, 4).add_(1)  # size-1 dims and views without the broadcast dim write
+    x.expand(3, 4)[1].add_(1)
+    x.expand(3, 4)[:1].mul_(2)
+    assert x.tolist() == [[4.0] * 4]
+    x.expand(3, 4).fill_(7.0)
+    x.expand(3, 4).masked_fill_(torch.ones(3, 4, dtype=torch.bool, device="jax"), 8.0)
+    assert x.tolist() == [[8.0] * 4]
+
+
+def test_write_into_overlapping_view_refused_under_jit():
+    def f(a):
+        a.expand(3, 4).add_(1)
+        return a
+
+    with pytest.raises(RuntimeError, match=_OVERLAP):
+        jax.jit(lambda a: jaxtorch.call_torch(f, a))(jnp.zeros((1, 4)))
 
 
 def test_setitem_and_inplace_under_jit():

@@ -455,3 +455,24 @@ def test_in_place_cast_refusals_name_the_op_and_foreach_too():
     x.mul_(3).gt_(4)  # allowed casts still write, as in torch
     x.fill_(2.7)
     assert x.cpu().tolist() == [2, 2]
+
+
+def test_out_cast_refusals_follow_torch():
+    """A pointwise op's `out=` tensor follows the in-place rule: `torch.add(float_t, 0.5,
+    out=int_t)` refuses as CPU torch does (it truncated silently); widening casts still write."""
+    jaxtorch.enable_globally()
+    x = torch.tensor([1.5, 2.5], device="jax")
+    out = torch.zeros(2, dtype=torch.int64, device="jax")
+    with pytest.raises(RuntimeError, match=r"add\.out.*can't be cast to the desired output type"):
+        torch.add(x, 0.5, out=out)
+    with pytest.raises(RuntimeError, match=r"sqrt\.out.*can't be cast"):
+        torch.sqrt(x, out=out)
+    with pytest.raises(RuntimeError, match=r"can't be cast"):
+        torch.add(x, 1, out=torch.zeros(2, dtype=torch.bool, device="jax"))
+    assert out.cpu().tolist() == [0, 0]  # nothing written
+    i = torch.tensor([1, 2], device="jax")
+    f = torch.zeros(2, device="jax")
+    torch.add(i, 1, out=f)  # integer result into a float out: allowed, as in torch
+    assert f.cpu().tolist() == [2.0, 3.0]
+    torch.eq(i, i, out=out)  # bool into int64: allowed
+    assert out.cpu().tolist() == [1, 1]

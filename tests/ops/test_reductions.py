@@ -414,3 +414,24 @@ def test_out_and_inplace_variants():
         return s, v, i, c, sv, si, y
 
     check(out_variants, X)
+
+
+def test_sum_prod_cumsum_out_compute_in_the_out_dtype():
+    """`torch.sum(float_x, 0, out=int_t)` sums the values cast to the out tensor's dtype, as torch
+    does (1.5 + 2.5 into int64 is 3; jaxtorch summed then truncated: 4, silently)."""
+
+    def run(device):
+        x = torch.tensor([1.5, 2.5], device=device)
+        i64 = lambda *s: torch.zeros(*s, dtype=torch.int64, device=device)  # noqa: E731
+        got = [
+            torch.sum(x, 0, out=i64(())),
+            torch.prod(x, 0, out=i64(())),
+            torch.cumsum(x, 0, out=i64(2)),
+            torch.cumprod(x, 0, out=i64(2)),
+            torch.sum(torch.tensor([0.5, 0.5], device=device), 0, out=torch.zeros((), dtype=torch.bool, device=device)),
+            torch.sum(torch.tensor([1, 2], device=device), 0, out=torch.zeros((), device=device)),
+        ]
+        return [(t.dtype, t.cpu().tolist()) for t in got]
+
+    with jaxtorch.default_env():
+        assert run("jax") == run("cpu")

@@ -389,6 +389,26 @@ def test_take_along_dim_wraps_every_index_as_torch_does():
     _check(lambda a, i: torch.take_along_dim(a, i, 0), w, torch.tensor([[5, -6, 3], [9, 0, -1]]))
 
 
+def test_split_copy_into_an_out_list_copies_each_part_as_torch_does():
+    """`torch.split_copy(x, 2, out=[a, b])` writes each part into its tensor (it raised
+    AttributeError): cast to the tensor's dtype, no resizing, torch's errors for a wrong count/shape."""
+    x = torch.arange(9.0).reshape(3, 3)
+    for device in ("cpu", "jax"):
+        _split_copy_into_list(x, device)
+
+
+def _split_copy_into_list(x, device):
+    with jaxtorch.default_env():
+        outs = [torch.empty(2, 3, dtype=torch.int64, device=device), torch.empty(1, 3, device=device)]
+        assert torch.split_copy(x.to(device), 2, 0, out=outs) is None
+        assert outs[0].dtype == torch.int64 and outs[0].cpu().tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert outs[1].cpu().tolist() == [[6.0, 7.0, 8.0]]
+        with pytest.raises(RuntimeError, match="expected an out= argument of size 2, got size 1"):
+            torch.split_copy(x.to(device), 2, 0, out=[torch.empty(2, 3, device=device)])
+        with pytest.raises(RuntimeError, match="must match the size"):
+            torch.split_copy(x.to(device), 2, 0, out=[torch.empty(0, device=device), torch.empty(5, device=device)])
+
+
 def test_view_copy_ops_are_the_view_then_a_copy():
     # issue 30 item 6: torchax's suite found these missing (UnsupportedOpError)
     x = torch.randn(3, 4)

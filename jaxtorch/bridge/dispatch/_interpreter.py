@@ -283,8 +283,13 @@ class _ViewFn:
         return ("view", self.op.func, sig[0], self.index)
 
 
+# views whose elements may share memory (a stride-0 dimension): writes through them check (`_writes`)
+_MAY_OVERLAP = frozenset({aten.expand.default, aten.as_strided.default})
+
+
 def _make_view_runner(func, lowering):
     op = _op_call(func, lowering)
+    may_overlap = func in _MAY_OVERLAP
 
     def run(ex: Executor, args, kwargs):
         jargs, jkwargs = _unwrap_args(args, kwargs, func, ex.pending)
@@ -295,23 +300,80 @@ def _make_view_runner(func, lowering):
         rest, kw = jargs[1:], jkwargs
         if isinstance(out, (list, tuple)):
             return type(out)(make_view(base, o, _ViewFn(op, rest, kw, i)) for i, o in enumerate(out))
-        return make_view(base, out, _ViewFn(op, rest, kw, None))
+        v = make_view(base, out, _ViewFn(op, rest, kw, None))
+        if may_overlap:
+            v._jt_overlap = True
+        return v
 
     return run
 
 
-def _cast_check(func, elementwise_op=None) -> Callable | None:
-    """For an in-place pointwise op, `check(value, t)` raising as torch does when the result's
-    dtype cannot be cast to the tensor's (`int_tensor.add_(0.5)`, `int_tensor.sqrt_()`): writing
-    would round silently. None for other ops (fills, scatters and random fills cast by design)."""
+# In-place and `out=` ops that are not pointwise but refuse, as torch does, a destination whose elements
+# share memory (`x.expand(3, 4).copy_(src)`, `torch.mm(a, b, out=expanded)`); torch lets fills,
+# `index_put_`, `masked_fill_`, `index_fill_`, `tril_`/`triu_`, metadata changes (`squeeze_`) and some
+# reductions' `out=` (`sum`, `prod`, `amax`) write into one (every copy gets the same value).
+_OVERLAP_REFUSED = frozenset(
+    {
+        "mm",
+        "cat",
+        "sort",
+        "index_select",
+        "where",
+        "cumsum",
+        "mean",
+        "copy_",
+        "index_copy_",
+        "index_add_",
+        "index_reduce_",
+        "masked_scatter_",
+        "put_",
+        "scatter_",
+        "scatter_add_",
+        "scatter_reduce_",
+        "cumsum_",
+        "cumprod_",
+    }
+)
+
+
+_OVERLAP_ALLOWED = frozenset(
+    {"fill_", "zero_", "masked_fill_", "index_fill_", "index_put_", "_index_put_impl_", "tril_", "triu_"}
+)
+
+
+def _checks_overlap(func) -> bool:
+    """Whether `func` (an in-place or `out=` op) refuses an internally overlapping destination as
+    torch does: pointwise ops (TensorIterator's check) but fills, random fills, and `_OVERLAP_REFUSED`.
+    Decided once per overload."""
+    name = func._schema.name.split("::")[1]
+    if name in _OVERLAP_ALLOWED:
+        return False
+    if name in _OVERLAP_REFUSED or registry.is_flagged(func, registry.RANDOM):
+        return True
     pointwise = torch.Tag.pointwise
-    if not func._schema.name.endswith("_") or registry.is_flagged(func, registry.RANDOM):
+    if pointwise in func.tags:
+        return True
+    sibling = _functional_sibling(func)
+    return sibling is not None and pointwise in sibling.tags
+
+
+def _cast_check(func, elementwise_op=None) -> Callable | None:
+    """For an in-place or `out=` pointwise op (called only for ops that write), `check(value, t)`
+    raising as torch does when the result's dtype cannot be cast to the tensor's
+    (`int_tensor.add_(0.5)`, `int_tensor.sqrt_()`, `torch.add(float_t, 0.5, out=int_t)`): writing
+    would round silently. None for other ops (fills, scatters and random fills cast by design;
+    reductions such as `sum.IntList_out` cast into their out tensor as torch's do)."""
+    pointwise = torch.Tag.pointwise
+    if registry.is_flagged(func, registry.RANDOM):
         return None
     sibling = elementwise_op if elementwise_op is not None else _functional_sibling(func)
+    if sibling is not None and registry.is_flagged(sibling, registry.RANDOM):
+        return None
     if pointwise not in func.tags and (sibling is None or pointwise not in sibling.tags):
         return None
 
     castable: set = set()  # (result dtype, tensor dtype) pairs seen to cast
+    how = "in-place op" if func._schema.name.endswith("_") else "out= argument"
 
     def check(value, t) -> None:
         pair = (value.dtype, t.dtype)
@@ -324,7 +386,7 @@ def _cast_check(func, elementwise_op=None) -> Callable | None:
             return
         raise RuntimeError(
             f"jaxtorch: {func.name()}: result type {result} can't be cast to the desired output type "
-            f"{t.dtype} (torch refuses this in-place op too); use the out-of-place op, or cast the tensor first."
+            f"{t.dtype} (torch refuses this {how} too); use the out-of-place op, or cast the tensor first."
         )
 
     return check
@@ -334,13 +396,33 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     """Run `compute` (functional) then write results into the mutated arguments."""
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
+    check_overlap = _checks_overlap(func)
+    void = not func._schema.returns  # (`split_copy.Tensor_out` writes its list, returns nothing)
+
+    def write_list(ts, rs) -> None:
+        """An `out=` list (`split_copy.Tensor_out`): each result copied into its tensor as torch's
+        kernel does (`copy_`: broadcast to the tensor, cast to its dtype; never resized)."""
+        if len(ts) != len(rs):
+            name = f"{func._schema.name.split('::')[1]}_{func._overloadname}"
+            raise RuntimeError(f"{name}() expected an out= argument of size {len(rs)}, got size {len(ts)}")
+        for u in ts:
+            if not isinstance(u, JaxTensor):
+                _cpu_write(func, u)
+                raise DeviceMismatchError(func, u.device)
+        for u, v in zip(ts, rs):
+            u.copy_(v if isinstance(v, torch.Tensor) else JaxTensor(v))
 
     def write_result(t, r) -> None:
         if t is None:
             return
+        if isinstance(t, (list, tuple)):
+            write_list(t, r)
+            return
         if not isinstance(t, JaxTensor):
             _cpu_write(func, t)
             raise DeviceMismatchError(func, t.device)
+        if t._jt_overlap and check_overlap:
+            writes.refuse_internal_overlap(t)
         value = r._raw() if type(r) is JaxTensor else r
         if check_cast is not None:
             check_cast(value, t)
@@ -357,7 +439,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
             result = compute(ex, args, kwargs)
             t = kwargs.get(name0) if (kw0 or i0 >= len(args)) else args[i0]
             write_result(t, result)
-            return t
+            return None if void else t
 
         return run_one
 
@@ -370,7 +452,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
         results = result if isinstance(result, (list, tuple)) and len(targets) > 1 else (result,)
         for t, r in zip(targets, results):
             write_result(t, r)
-        return tuple(targets)
+        return None if void else tuple(targets)
 
     return run
 
@@ -427,10 +509,29 @@ def _sibling_compute(func, sibling, mutated) -> Callable:
 
         return make
 
+    if func.overloadpacket.__name__ in _OUT_DTYPE_ACCUMULATES and any(
+        a.name == "dtype" for a in sibling._schema.arguments
+    ):
+        ((i, out_name, kw_only),) = mutated
+
+        def accumulate(ex: Executor, args, kwargs):  # `torch.sum(x, 0, out=int_t)` sums x cast to int_t's dtype
+            out = kwargs.get(out_name) if (kw_only or i >= len(args)) else args[i]
+            kw = {k: v for k, v in kwargs.items() if k not in names}
+            if kw.get("dtype") is None and isinstance(out, torch.Tensor):
+                kw["dtype"] = out.dtype
+            return inner(ex, args[:n_pos], kw)
+
+        return accumulate
+
     def compute(ex: Executor, args, kwargs):
         return inner(ex, args[:n_pos], {k: v for k, v in kwargs.items() if k not in names})
 
     return compute
+
+
+# Reductions and scans whose `out=` tensor's dtype, with no `dtype=` given, is the dtype torch computes
+# in (`torch.sum(float_x, 0, out=int_t)` sums the truncated values: 1.5 + 2.5 gives 3, not 4)
+_OUT_DTYPE_ACCUMULATES = frozenset({"sum", "prod", "cumsum", "cumprod"})
 
 
 def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
@@ -454,6 +555,9 @@ def _make_foreach_runner(func, multi: Callable, fallback: Callable) -> Callable:
         if check_cast is not None:
             for t, r in zip(args[0], out):
                 check_cast(r, t)
+        for t in args[0]:
+            if t._jt_overlap:
+                writes.refuse_internal_overlap(t)
         write_many(args[0], out)
         return None
 
@@ -636,6 +740,8 @@ def _to_copy(ex, args, kwargs):
 def _copy_(ex, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, JaxTensor):
+        if dst._jt_overlap:
+            writes.refuse_internal_overlap(dst)
         write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
         return dst
     # jax -> cpu copy into a plain tensor

@@ -40,6 +40,8 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import jax
+import numpy as np
 import torch
 
 from ..core._errors import StateWriteError
@@ -187,6 +189,40 @@ def describe(t: torch.Tensor) -> str:
                     return f"`{k}` ({what}, in `{frame.f_code.co_name}`)"
         frame = frame.f_back
     return what
+
+
+# ---- internally overlapping destinations ---------------------------------------------------------
+_OVERLAP_MESSAGE = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory "
+    "location. Please clone() the tensor before performing the operation."
+)
+
+
+def refuse_internal_overlap(t: JaxTensor) -> None:
+    """Raise torch's RuntimeError if `t` (a view whose chain holds an `expand` or `as_strided`,
+    `t._jt_overlap`) has a dimension of size > 1 whose elements are one root element (stride 0:
+    `x.expand(3, 4)`, `x[:1].expand(3)`), as torch does before an in-place or `out=` write; a
+    write through it would land every row in the same root elements. Otherwise marks `t` checked.
+
+    Decided on an iota of the root's elements (computed now, also under a JAX trace); a view whose
+    function cannot run on it is not refused.
+
+    **Example:** `refuse_internal_overlap(x.expand(3, 4))` raises; `x.expand(1, 4)` passes.
+    """
+    base, fn = t._jt_base, t._jt_view_fn
+    if base is None or fn is None:
+        t._jt_overlap = False
+        return
+    shape = tuple(base.shape)
+    try:
+        with jax.ensure_compile_time_eval():
+            idx = np.asarray(fn(jax.numpy.arange(base.numel(), dtype=np.int32).reshape(shape)))
+    except Exception:  # noqa: BLE001  (a view of traced arguments: not decided, not refused)
+        return
+    for d, n in enumerate(idx.shape):
+        if n > 1 and idx.size and (np.take(idx, [0], d) == np.take(idx, [1], d)).all():
+            raise RuntimeError(_OVERLAP_MESSAGE)
+    t._jt_overlap = False
 
 
 # ---- 2. module tensors bound read-only ----------------------------------------------------------

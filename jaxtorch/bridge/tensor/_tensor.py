@@ -79,6 +79,9 @@ class JaxTensor(torch.Tensor):
     _jt_view_fn: Callable | None = None
     _jt_version: int = 0
     _jt_detached: bool = False  # a view torch's autograd does not see through (`.detach()`, `.data`, `no_grad`)
+    # a view of an `expand`/`as_strided` view: its elements may share memory (stride 0); writes check
+    # (`_writes.refuse_internal_overlap`), then set False when they do not
+    _jt_overlap: bool = False
 
     @staticmethod
     def __new__(cls, elem, requires_grad: bool = False, dtype: torch.dtype | None = None):
@@ -336,6 +339,8 @@ def make_view(base: JaxTensor, elem, view_fn: Callable | None) -> JaxTensor:
     t._jt_version = root._jt_version
     if base._jt_detached:
         t._jt_detached = True
+    if base._jt_overlap:
+        t._jt_overlap = True
     return t
 
 
