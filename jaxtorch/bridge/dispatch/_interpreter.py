@@ -311,7 +311,7 @@ def _make_view_runner(func, lowering):
 # In-place and `out=` ops that are not pointwise but refuse, as torch does, a destination whose elements
 # share memory (`x.expand(3, 4).copy_(src)`, `torch.mm(a, b, out=expanded)`); torch lets fills,
 # `index_put_`, `masked_fill_`, `index_fill_`, `tril_`/`triu_`, metadata changes (`squeeze_`) and some
-# reductions' `out=` (`sum`, `prod`, `amax`) write into one (every copy gets the same value).
+# reductions' `out=` (`sum`, `prod`, `amax`) write into one, element by element (`_overlap_policy`).
 _OVERLAP_REFUSED = frozenset(
     {
         "mm",
@@ -336,25 +336,33 @@ _OVERLAP_REFUSED = frozenset(
 )
 
 
-_OVERLAP_ALLOWED = frozenset(
-    {"fill_", "zero_", "masked_fill_", "index_fill_", "index_put_", "_index_put_impl_", "tril_", "triu_"}
+# every element one value (every alias agrees), or metadata only (no value written)
+_OVERLAP_WHOLE = frozenset(
+    {"fill_", "zero_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "detach_"}
 )
 
+# torch allows these (with a deprecation warning) and writes element by element into the shared memory
+_OVERLAP_PARTIAL = frozenset({"masked_fill_", "index_fill_", "index_put_", "_index_put_impl_", "tril_", "triu_"})
 
-def _checks_overlap(func) -> bool:
-    """Whether `func` (an in-place or `out=` op) refuses an internally overlapping destination as
-    torch does: pointwise ops (TensorIterator's check) but fills, random fills, and `_OVERLAP_REFUSED`.
-    Decided once per overload."""
+
+def _overlap_policy(func) -> str:
+    """What an in-place or `out=` op does with a destination whose elements share memory
+    (`_writes.refuse_internal_overlap`): torch's refusal for pointwise ops (TensorIterator's check),
+    random fills and `_OVERLAP_REFUSED`; allowed for whole fills; refused by jaxtorch for the rest
+    (`index_put_`, `masked_fill_`, `tril_`, other `out=`), which torch writes element by element into
+    the shared memory. Decided once per overload."""
     name = func._schema.name.split("::")[1]
-    if name in _OVERLAP_ALLOWED:
-        return False
+    if name in _OVERLAP_WHOLE:
+        return writes.WHOLE
+    if name in _OVERLAP_PARTIAL:
+        return writes.PARTIAL
     if name in _OVERLAP_REFUSED or registry.is_flagged(func, registry.RANDOM):
-        return True
+        return writes.REFUSED
     pointwise = torch.Tag.pointwise
-    if pointwise in func.tags:
-        return True
     sibling = _functional_sibling(func)
-    return sibling is not None and pointwise in sibling.tags
+    if pointwise in func.tags or (sibling is not None and pointwise in sibling.tags):
+        return writes.REFUSED
+    return writes.PARTIAL
 
 
 def _cast_check(func, elementwise_op=None) -> Callable | None:
@@ -396,7 +404,7 @@ def _make_mutating_runner(func, compute: Callable, mutated):
     """Run `compute` (functional) then write results into the mutated arguments."""
     positions = [(i, n, kw) for i, n, kw in mutated]
     check_cast = _cast_check(func)
-    check_overlap = _checks_overlap(func)
+    overlap_policy = _overlap_policy(func)
     void = not func._schema.returns  # (`split_copy.Tensor_out` writes its list, returns nothing)
 
     def write_list(ts, rs) -> None:
@@ -421,8 +429,8 @@ def _make_mutating_runner(func, compute: Callable, mutated):
         if not isinstance(t, JaxTensor):
             _cpu_write(func, t)
             raise DeviceMismatchError(func, t.device)
-        if t._jt_overlap and check_overlap:
-            writes.refuse_internal_overlap(t)
+        if t._jt_overlap:
+            writes.refuse_internal_overlap(t, overlap_policy)
         value = r._raw() if type(r) is JaxTensor else r
         if check_cast is not None:
             check_cast(value, t)

@@ -44,7 +44,7 @@ import jax
 import numpy as np
 import torch
 
-from ..core._errors import StateWriteError
+from ..core._errors import JaxtorchError, StateWriteError
 from ..tensor import _tensor
 from ..tensor._tensor import JaxTensor, root
 from ._routing import route
@@ -198,20 +198,32 @@ _OVERLAP_MESSAGE = (
 )
 
 
-def refuse_internal_overlap(t: JaxTensor) -> None:
-    """Raise torch's RuntimeError if `t` (a view whose chain holds an `expand` or `as_strided`,
-    `t._jt_overlap`) has a dimension of size > 1 whose elements are one root element (stride 0:
-    `x.expand(3, 4)`, `x[:1].expand(3)`), as torch does before an in-place or `out=` write; a
-    write through it would land every row in the same root elements. Otherwise marks `t` checked.
+REFUSED, PARTIAL, WHOLE = "refused", "partial", "whole"  # how a write treats a destination whose elements alias
 
-    Decided on an iota of the root's elements (computed now, also under a JAX trace); a view whose
-    function cannot run on it is not refused.
+
+def refuse_internal_overlap(t: JaxTensor, policy: str = REFUSED) -> None:
+    """Refuse a write into `t` (a view whose chain holds an `expand` or `as_strided`, `t._jt_overlap`)
+    where several of its elements are one root element, unless the write is one jaxtorch computes as
+    torch's memory does. `policy` says what the op does with such a destination:
+
+    - `REFUSED` (pointwise in-place and `out=` ops, `copy_`, scatters): torch refuses a dimension of
+      size > 1 whose elements are one root element (stride 0: `x.expand(3, 4)`) with its RuntimeError;
+    - `WHOLE` (`fill_`, `zero_`): every element gets one value, so every alias agrees: allowed;
+    - `PARTIAL` (`index_put_`, `masked_fill_`, `tril_`, `out=` of other ops): torch writes element by
+      element into the shared memory (a row written through one alias shows in all), which a view
+      that is a function of its root cannot reproduce: refused with a JaxtorchError naming clone().
+
+    Any other aliasing (an `as_strided` with overlapping non-zero strides, which torch computes in
+    memory order) is refused the same way for every policy but `WHOLE`. Decided on an iota of the
+    root's elements (computed now, also under a JAX trace); a view whose function cannot run on it is
+    not refused. Otherwise marks `t` checked.
 
     **Example:** `refuse_internal_overlap(x.expand(3, 4))` raises; `x.expand(1, 4)` passes.
     """
     base, fn = t._jt_base, t._jt_view_fn
-    if base is None or fn is None:
-        t._jt_overlap = False
+    if base is None or fn is None or policy == WHOLE:
+        if policy != WHOLE:
+            t._jt_overlap = False
         return
     shape = tuple(base.shape)
     try:
@@ -219,9 +231,17 @@ def refuse_internal_overlap(t: JaxTensor) -> None:
             idx = np.asarray(fn(jax.numpy.arange(base.numel(), dtype=np.int32).reshape(shape)))
     except Exception:  # noqa: BLE001  (a view of traced arguments: not decided, not refused)
         return
-    for d, n in enumerate(idx.shape):
-        if n > 1 and idx.size and (np.take(idx, [0], d) == np.take(idx, [1], d)).all():
-            raise RuntimeError(_OVERLAP_MESSAGE)
+    if policy == REFUSED:
+        for d, n in enumerate(idx.shape):
+            if n > 1 and idx.size and (np.take(idx, [0], d) == np.take(idx, [1], d)).all():
+                raise RuntimeError(_OVERLAP_MESSAGE)
+    if np.unique(idx).size < idx.size:
+        raise JaxtorchError(
+            f"jaxtorch cannot write into this tensor of shape {tuple(t.shape)}: several of its elements are one "
+            "element of its base (an expand or as_strided view), and torch's result depends on the order its "
+            "kernel writes that shared memory, which a jax view (a function of its base) does not reproduce. "
+            "clone() the view before writing, or write into the base tensor."
+        )
     t._jt_overlap = False
 
 
