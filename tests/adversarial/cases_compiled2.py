@@ -17,7 +17,7 @@ from torch import nn
 
 import jaxtorch
 
-from .harness import case, clear_error, close, equal, refuses_or
+from .harness import case, close, equal, refuses, refuses_or
 
 GAIN = 2.0  # globals the cases below read (and change, restoring them)
 MODE = {"relu": True}
@@ -240,11 +240,12 @@ def _global_store():
         GAIN = 5.0
         return x
 
-    try:
-        jaxtorch.jit(f)(torch.ones(2))
-        raise AssertionError("assigning a global inside jaxtorch.jit ran without an error")
-    except jaxtorch.StateWriteError as e:
-        clear_error(e, "GAIN")
+    refuses(
+        lambda: jaxtorch.jit(f)(torch.ones(2)),
+        "assigning a global inside jaxtorch.jit ran without an error",
+        "GAIN",
+        error=jaxtorch.StateWriteError,
+    )
     assert GAIN == 2.0
 
 
@@ -416,11 +417,12 @@ def _generator():
     def f(x):
         yield x * 2
 
-    try:
-        jaxtorch.jit(f)(torch.ones(2))
-        raise AssertionError("a generator made while tracing came back without an error")
-    except TypeError as e:
-        clear_error(e, "generator")
+    refuses(
+        lambda: jaxtorch.jit(f)(torch.ones(2)),
+        "a generator made while tracing came back without an error",
+        "generator",
+        error=TypeError,
+    )
 
 
 @case("compiled2/results/format_of_a_compiled_loss")
@@ -484,11 +486,7 @@ def _item():
     def f(x):
         return x * x.sum().item()
 
-    try:
-        jaxtorch.jit(f)(torch.ones(2))
-        raise AssertionError(".item() of a traced tensor gave a value")
-    except Exception as e:  # noqa: BLE001
-        clear_error(e, "item", "data")
+    refuses(lambda: jaxtorch.jit(f)(torch.ones(2)), ".item() of a traced tensor gave a value", "item", "data")
 
 
 @case("compiled2/effects/data_dependent_if_is_a_clear_error")
@@ -496,11 +494,7 @@ def _data_if():
     def f(x):
         return x if x.sum() > 0 else -x
 
-    try:
-        jaxtorch.jit(f)(torch.ones(2))
-        raise AssertionError("a tensor in a Python `if` gave a value")
-    except Exception as e:  # noqa: BLE001
-        clear_error(e, "bool", "data")
+    refuses(lambda: jaxtorch.jit(f)(torch.ones(2)), "a tensor in a Python `if` gave a value", "bool", "data")
 
 
 @case("compiled2/exceptions/error_mid_trace_then_next_call_works")

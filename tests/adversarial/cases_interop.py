@@ -20,7 +20,7 @@ from torch import nn
 
 import jaxtorch
 
-from .harness import case, clear_error, close, equal, refuses_or
+from .harness import case, close, equal, refuses, refuses_or
 
 
 def _x(*shape: int, seed: int = 0) -> np.ndarray:
@@ -320,26 +320,16 @@ def _jm_dropout_rngs():
     assert not torch.equal(a(x), first)  # and the next call draws afresh
 
 
-def _refuses(call, what: str, *words: str) -> None:
-    """`call()` raises a clear error naming one of `words`; running is the silent failure `what`."""
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001
-        clear_error(e, *words)
-    else:
-        raise AssertionError(what)
-
-
 @case("interop/jax_module/eqx_dropout_without_a_key_in_train_mode_refuses")
 def _jm_eqx_nokey():
     m = jaxtorch.JaxModule(eqx.nn.Dropout(0.5))
-    _refuses(lambda: m(torch.ones(4)), "an Equinox Dropout in train mode ran without a key", "key")
+    refuses(lambda: m(torch.ones(4)), "an Equinox Dropout in train mode ran without a key", "key")
 
 
 @case("interop/jax_module/eqx_batchnorm_refused_naming_state")
 def _jm_eqx_bn():
     bn = eqx.nn.BatchNorm(3, axis_name="b")
-    _refuses(lambda: jaxtorch.JaxModule(bn), "an Equinox BatchNorm was wrapped, its state lost", "eqx.nn.State")
+    refuses(lambda: jaxtorch.JaxModule(bn), "an Equinox BatchNorm was wrapped, its state lost", "eqx.nn.State")
 
 
 @case("interop/jax_module/complex_params_get_complex_grads")

@@ -33,7 +33,7 @@ from jaxtorch.train import (
     save_checkpoint,
 )
 
-from .harness import case, clear_error, close, equal, refuses_or
+from .harness import case, close, equal, refuses, refuses_or
 
 
 def _mlp(seed: int = 0, d_in: int = 4, hidden: int = 8, d_out: int = 3) -> nn.Module:
@@ -243,12 +243,7 @@ def _dropout_keys():
     state, (x, y) = init(), _batches(1)[0]
     a, b, c = (float(step(state, x, y, jax.random.key(k))[1]) for k in (0, 0, 1))
     assert a == b and a != c, (a, b, c)
-    try:
-        step(state, x, y)
-    except Exception as e:  # noqa: BLE001
-        clear_error(e, "key")
-    else:
-        raise AssertionError("dropout in train mode ran without a key")
+    refuses(lambda: step(state, x, y), "dropout in train mode ran without a key", "key")
 
 
 @case("training/model/dropout_eval_mode_is_deterministic_like_torch")
@@ -309,12 +304,7 @@ def _dict_out():
 def _tuple_loss():
     init, step = make_train_step(_mlp(), lambda o, y: (_mse(o, y), o.mean()), optax.sgd(0.1))
     x, y = _batches(1)[0]
-    try:
-        step(init(), x, y)
-    except Exception as e:  # noqa: BLE001
-        clear_error(e, "scalar")
-    else:
-        raise AssertionError("a loss_fn returning a tuple trained")
+    refuses(lambda: step(init(), x, y), "a loss_fn returning a tuple trained", "scalar")
 
 
 @case("training/loss/int64_and_int32_labels")
@@ -418,12 +408,7 @@ def _accumulate_0d():
 def _accumulate_indivisible():
     init, step = make_train_step(_mlp(), _mse, optax.sgd(0.1), accumulate=3)
     x, y = _batches(1)[0]
-    try:
-        step(init(), x, y)
-    except ValueError as e:
-        clear_error(e, "does not divide")
-    else:
-        raise AssertionError("accumulate=3 split 8 rows")
+    refuses(lambda: step(init(), x, y), "accumulate=3 split 8 rows", "does not divide", error=ValueError)
 
 
 # ---- Python values as inputs --------------------------------------------------------------------------
@@ -466,13 +451,13 @@ def _unhashable():
 # ---- trainable= selections ----------------------------------------------------------------------------
 @case("training/trainable/typo_in_one_glob_refused")
 def _typo():
-    try:
-        make_train_step(_mlp(), _mse, optax.sgd(0.1), trainable=["2.*", "O.*"])
-    except ValueError as e:
-        clear_error(e, "O.*")
-        assert "0.weight" in str(e), e
-    else:
-        raise AssertionError("a glob matching nothing was accepted")
+    e = refuses(
+        lambda: make_train_step(_mlp(), _mse, optax.sgd(0.1), trainable=["2.*", "O.*"]),
+        "a glob matching nothing was accepted",
+        "O.*",
+        error=ValueError,
+    )
+    assert "0.weight" in str(e), e
 
 
 @case("training/trainable/all_frozen_refused")
@@ -480,12 +465,12 @@ def _all_frozen():
     model = _mlp()
     for p in model.parameters():
         p.requires_grad_(False)
-    try:
-        make_train_step(model, _mse, optax.sgd(0.1))
-    except ValueError as e:
-        clear_error(e, "no trainable parameter")
-    else:
-        raise AssertionError("a model with every parameter frozen trained nothing without a word")
+    refuses(
+        lambda: make_train_step(model, _mse, optax.sgd(0.1)),
+        "a model with every parameter frozen trained nothing without a word",
+        "no trainable parameter",
+        error=ValueError,
+    )
 
 
 @case("training/trainable/predicate_selects_like_torch_param_list")
@@ -503,12 +488,12 @@ def _survives_trace_error():
     ref = copy.deepcopy(model)
     init, step = make_train_step(model, _mse, optax.sgd(0.1))
     state = init()
-    try:
-        step(state, torch.randn(8, 5), torch.randn(8, 3))  # wrong width: torch's shape error
-    except Exception as e:  # noqa: BLE001
-        clear_error(e, "shape", "mat1")
-    else:
-        raise AssertionError("a (8, 5) batch went through Linear(4, 8)")
+    refuses(  # wrong width: torch's shape error
+        lambda: step(state, torch.randn(8, 5), torch.randn(8, 3)),
+        "a (8, 5) batch went through Linear(4, 8)",
+        "shape",
+        "mat1",
+    )
     x, y = _batches(1)[0]
     state, loss = step(state, x, y)
     _matches(state, [float(loss)], ref, _torch_run(ref, torch.optim.SGD(ref.parameters(), lr=0.1), [(x, y)]))
@@ -522,12 +507,12 @@ def _checks_embedding():
     init, step = make_train_step(model, _mse, optax.sgd(0.1))
     state, y = init(), torch.randn(4, 2)
     with jaxtorch.checks():
-        try:
-            step(state, torch.tensor([[0, 5]] * 4), y)
-        except IndexError as e:
-            clear_error(e, "index out of range")
-        else:
-            raise AssertionError("index 5 of 5 rows was read")
+        refuses(
+            lambda: step(state, torch.tensor([[0, 5]] * 4), y),
+            "index 5 of 5 rows was read",
+            "index out of range",
+            error=IndexError,
+        )
         good = torch.tensor([[0, 4], [1, 2], [3, 3], [2, 0]])
         state, loss = step(state, good, y)
     _matches(state, [float(loss)], ref, _torch_run(ref, torch.optim.SGD(ref.parameters(), lr=0.1), [(good, y)]))
@@ -539,12 +524,7 @@ def _donated():
     state, (x, y) = init(), _batches(1)[0]
     step(state, x, y)
     for again in (lambda: step(state, x, y), lambda: load_into(_mlp(), state)):
-        try:
-            again()
-        except DonatedStateError as e:
-            clear_error(e, "state, loss = step(state")
-        else:
-            raise AssertionError("a donated state was used again")
+        refuses(lambda: again(), "a donated state was used again", "state, loss = step(state", error=DonatedStateError)
 
 
 @case("training/state/checkpoint_round_trip_mid_training")
@@ -1057,12 +1037,7 @@ def _xla_bad():
         (lambda: xm.ParallelLoader(loader, batches_per_execution=0), ("batches_per_execution",)),
         (lambda: xm.MpDeviceLoader(loader, xm.xla_device(lazy=False), prefetch_size=2), ("prefetch_size",)),
     ]:
-        try:
-            build()
-        except (ValueError, TypeError, NotImplementedError) as e:
-            clear_error(e, *words)
-        else:
-            raise AssertionError(f"accepted: {words}")
+        refuses(lambda: build(), f"accepted: {words}", *words, error=(ValueError, TypeError, NotImplementedError))
 
 
 @case("training/loader/mp_device_loader_batches_per_execution_marks_steps")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +56,19 @@ def refuses_or(check: Callable[[], None], *words: str) -> None:
         raise
     except Exception as e:  # noqa: BLE001
         clear_error(e, *words)
+
+
+def refuses(call: Callable[[], object], what: str, *words: str, error: type[BaseException] = Exception) -> Any:
+    """`call()` raises a clear `error` naming one of `words` (returned, for further checks); running is
+    the silent failure `what`."""
+    try:
+        call()
+    except AssertionError:
+        raise
+    except error as e:
+        clear_error(e, *words)
+        return e
+    raise AssertionError(what)
 
 
 def equal(actual, expected) -> None:
