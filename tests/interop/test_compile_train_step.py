@@ -62,18 +62,28 @@ def test_train_step_with_modules_as_arguments_matches_eager_torch(make_opt):
     assert step.compilations == 2
 
 
-def test_lr_scheduler_between_steps_does_not_recompile_adam():
+def _scheduled_side_by_side(make_opt, make_sched, compile_fn):
+    """Six steps of `_torch_step` with a scheduler after each, eagerly on CPU torch and compiled on
+    the jax device: (ref model, jax model, ref optimizer, jax optimizer, compiled step)."""
     ref, model = _model(), _model().to("jax")
-    ropt, opt = torch.optim.Adam(ref.parameters(), lr=1e-2), torch.optim.Adam(model.parameters(), lr=1e-2)
-    rsched = torch.optim.lr_scheduler.StepLR(ropt, 2, gamma=0.5)
-    sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
-    step = jaxtorch.compile(_torch_step)
+    ropt, opt = make_opt(ref.parameters()), make_opt(model.parameters())
+    rsched, sched = make_sched(ropt), make_sched(opt)
+    step = compile_fn(_torch_step)
     for x, y in _batches(6):
         _torch_step(ref, ropt, x, y)
         rsched.step()
         step(model, opt, x, y)
         sched.step()
     _assert_same_state(ref, model)
+    return ref, model, ropt, opt, step
+
+
+def test_lr_scheduler_between_steps_does_not_recompile_adam():
+    ref, model, ropt, opt, step = _scheduled_side_by_side(
+        lambda p: torch.optim.Adam(p, lr=1e-2),
+        lambda o: torch.optim.lr_scheduler.StepLR(o, 2, gamma=0.5),
+        jaxtorch.compile,
+    )
     assert step.compilations == 2
     assert opt.param_groups[0]["lr"] == ropt.param_groups[0]["lr"] == 1e-2 / 8
     # the optimizer keeps working eagerly afterwards, from the compiled state
@@ -177,15 +187,6 @@ def test_cpu_module_in_a_train_step_gets_a_clear_error():
 )
 def test_lr_scheduler_between_steps_does_not_recompile_sgd_rmsprop(make_opt, make_sched):
     """Issue 30 item 20: the learning rate is a program input (6 steps compiled 6 times before)."""
-    ref, model = _model(), _model().to("jax")
-    ropt, opt = make_opt(ref.parameters()), make_opt(model.parameters())
-    rsched, sched = make_sched(ropt), make_sched(opt)
-    step = jaxtorch.jit(_torch_step)
-    for x, y in _batches(6):
-        _torch_step(ref, ropt, x, y)
-        rsched.step()
-        step(model, opt, x, y)
-        sched.step()
-    _assert_same_state(ref, model)
+    _, _, ropt, opt, step = _scheduled_side_by_side(make_opt, make_sched, jaxtorch.jit)
     assert opt.param_groups[0]["lr"] == ropt.param_groups[0]["lr"]
     assert step.compilations == 2  # the first step creates the optimizer state; then one program
