@@ -163,6 +163,15 @@ def test_write_into_overlapping_view_refused_under_jit():
         jax.jit(lambda a: jaxtorch.call_torch(f, a))(jnp.zeros((1, 4)))
 
 
+def test_partial_write_into_overlapping_view_refused_under_jit():
+    def f(a):
+        a.expand(3, 4).index_put_((torch.tensor([0]),), torch.tensor(5.0))
+        return a
+
+    with pytest.raises(jaxtorch.JaxtorchError, match=r"clone\(\)"):
+        jax.jit(lambda a: jaxtorch.call_torch(f, a))(jnp.zeros((1, 4)))
+
+
 def test_setitem_and_inplace_under_jit():
     def f(a):
         x = a.clone()
