@@ -16,6 +16,7 @@
 | `rnn`           | RNN/LSTM/GRU and their cells (one lax.scan per layer), packing  |
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
 | `fft`           | torch.fft                                                       |
+| `collectives`   | torch.distributed functional collectives (JAX collectives)      |
 """
 
 import importlib
@@ -38,6 +39,7 @@ for _family in [
     "sorting",
     "fft",
     "prims",
+    "collectives",
 ]:
     try:
         importlib.import_module(f"{__name__}.{_family}")

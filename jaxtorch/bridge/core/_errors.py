@@ -214,3 +214,79 @@ class StateWriteError(JaxtorchError):
             "`params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns `(output, new_state)`; or put "
             "the module in eval mode (`model.eval()`) if the statistics should not change."
         )
+
+
+class CollectiveError(JaxtorchError):
+    """A `torch.distributed` collective jaxtorch cannot run as a JAX collective.
+
+    jaxtorch runs torch's collectives (`dist.all_reduce`, the functional collectives of
+    `torch.distributed._functional_collectives`) as JAX collectives over mesh axes, inside
+    `jax.shard_map` or `jax.pmap`. The message names what is missing or has no JAX form (no axis
+    bound, an unknown axis, a group whose size is not the axis size, a reduce op or call JAX
+    lacks, uneven all_to_all splits) and the way out.
+
+    **Example:** `CollectiveError.no_axis("all_reduce")`.
+    """
+
+    @classmethod
+    def no_axis(cls, what: str) -> CollectiveError:
+        """The error for a collective run outside `jax.shard_map` / `jax.pmap` (eagerly, or under
+        a plain `jax.jit`), where no mesh axis is bound."""
+        return cls(
+            f"`{what}` is a torch.distributed collective, which jaxtorch runs as a JAX collective over "
+            "mesh axes, but no mesh axis is bound here (it ran eagerly, or under a plain jax.jit). Run the "
+            "torch code inside `jax.shard_map(..., mesh=mesh, ...)` or `jax.pmap(..., axis_name=...)`, "
+            "e.g. `jax.shard_map(lambda x: jaxtorch.call_torch(step, x), mesh=mesh, in_specs=P('data'), "
+            "out_specs=P())`; or, for data parallelism without collectives, let GSPMD place the batch "
+            "(`jaxtorch.train.shard_batch`, see docs/api/collectives.md)."
+        )
+
+    @classmethod
+    def unknown_axis(cls, what: str, axes: tuple) -> CollectiveError:
+        """The error for axes (from `jaxtorch.collectives_axis`) that the enclosing map does not bind."""
+        return cls(
+            f"`{what}` runs over the mesh axes {axes} (given to `jaxtorch.collectives_axis`), but the "
+            "enclosing jax.shard_map / jax.pmap binds no axis of that name. Pass the name of an axis the "
+            "shard_map maps over manually (one of its mesh's axis names, `axis_names=`), or the pmap's "
+            "`axis_name`; or leave `jaxtorch.collectives_axis` out to use every axis the shard_map binds."
+        )
+
+    @classmethod
+    def group_size(cls, what: str, group: str, size: int, axes: tuple, axis_size: int) -> CollectiveError:
+        """The error for a process group whose size is not the size of the axes it runs over."""
+        return cls(
+            f"`{what}` runs over the process group `{group}` of {size} ranks, but its mesh axes {axes} hold "
+            f"{axis_size} devices: each rank is one device along the axes, so the sizes must agree. Make the "
+            f"group as large as the axes (`dist.init_process_group('jax', rank=0, world_size={axis_size}, "
+            "store=dist.HashStore())`), or bind the group to axes of its size with "
+            "`jaxtorch.collectives_axis(axis, group=group)`."
+        )
+
+    @classmethod
+    def reduce_op(cls, what: str, op: str, why: str) -> CollectiveError:
+        """The error for a reduce op with no JAX collective (`band`, `bor`, `bxor`, `premul_sum`)."""
+        return cls(
+            f"`{what}` asks for the reduce op `{op}`, which jaxtorch cannot run as a JAX collective ({why}). "
+            "Use SUM, AVG, MAX, MIN or PRODUCT (`dist.ReduceOp.SUM`, or 'sum' in the functional API); "
+            "for bitwise reductions gather the values (`dist.all_gather_into_tensor`) and reduce them "
+            "with torch ops."
+        )
+
+    @classmethod
+    def uneven_split(cls, what: str, rows: int, size: int, splits: object) -> CollectiveError:
+        """The error for an all_to_all whose splits are not all equal (`lax.all_to_all` splits evenly)."""
+        return cls(
+            f"`{what}` was asked to split {rows} rows into the sizes {splits} over {size} ranks, but JAX's "
+            "all_to_all exchanges equal blocks only. Pad the input so that every rank sends and receives "
+            f"the same number of rows (a multiple of {size} rows, `input_split_sizes=None`), or exchange "
+            "the sizes first and pad to the largest."
+        )
+
+    @classmethod
+    def unsupported_call(cls, what: str, instead: str) -> CollectiveError:
+        """The error for a call with no JAX SPMD form (`dist.reduce`, `gather`, `scatter`, `send`, `recv`)."""
+        return cls(
+            f"`{what}` has no SPMD form in jaxtorch: inside jax.shard_map every device runs the same "
+            "program, so a collective whose result lives on one rank only (reduce, gather, scatter) or a "
+            f"point-to-point message (send, recv) cannot be expressed as a JAX collective. {instead}"
+        )
