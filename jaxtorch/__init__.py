@@ -15,6 +15,8 @@ PyTorch-first (the two-line change):
     ```
 Lazy (torch_xla style): `jaxtorch.enable_globally(lazy=True)` or `with jaxtorch.lazy():`
 records ops and runs each step as one cached XLA program at `jaxtorch.xla.mark_step()`.
+torch.distributed: `dist.init_process_group("jax", ...)` and the functional collectives run as
+JAX collectives inside `jax.shard_map`/`jax.pmap` (`collectives_axis` names the mesh axes).
 Also: `checks()` (torch's IndexError/RuntimeError for out-of-range indices and integer
 division by zero, opt-in), `compile`/`jit` (torch-first jit), `export`, `register_op`, `register_object` (a
 class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the submodules
@@ -29,6 +31,7 @@ from .bridge.api._jax_first import TorchModule, call_torch, extract, torch_modul
 from .bridge.api._jax_module import JaxModule
 from .bridge.core._checks import checks
 from .bridge.core._errors import (
+    CollectiveError,
     DataDependentError,
     DeviceMismatchError,
     Float64Error,
@@ -49,6 +52,7 @@ from .bridge.state._binding import ParamsError
 from .bridge.tensor._autograd import call_jax, jax_function_to_torch
 from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.tensor._tensor import JaxTensor
+from .ops.collectives import collectives_axis
 from .ops.registry import register_op
 from .train import load_checkpoint, load_into, load_params, save_checkpoint
 
@@ -64,6 +68,7 @@ __all__ = [
     "jit",
     "call_torch",
     "checks",
+    "collectives_axis",
     "default_env",
     "disable_globally",
     "enable_globally",
@@ -84,6 +89,7 @@ __all__ = [
     "to_torch",
     "torch_module_to_jax",
     "torch_view",
+    "CollectiveError",
     "DataDependentError",
     "DeviceMismatchError",
     "Float64Error",

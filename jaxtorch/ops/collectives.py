@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..bridge.core import _tracing
 from ..bridge.core._errors import CollectiveError
 from .registry import register
 
@@ -95,11 +96,23 @@ def collectives_axis(axis: str | tuple[str, ...], group=None) -> Iterator[None]:
             out = jaxtorch.call_torch(tensor_parallel_step, x)  # inside jax.shard_map over both axes
         ```
     """
-    token = _BOUND.set((*_BOUND.get(), (None if group is None else group_name(group), _as_axes(axis))))
+    with _bindings((*_BOUND.get(), (None if group is None else group_name(group), _as_axes(axis)))):
+        yield
+
+
+@contextlib.contextmanager
+def _bindings(bound: tuple[tuple[str | None, Axes], ...]) -> Iterator[None]:
+    token = _BOUND.set(bound)
     try:
         yield
     finally:
         _BOUND.reset(token)
+
+
+@_tracing.carry  # torch's autograd thread runs a backward's collectives over the same axes
+def _capture_bindings():
+    bound = _BOUND.get()
+    return lambda: _bindings(bound)
 
 
 def _bound_axes(name: str) -> tuple[Axes | None, bool]:
@@ -168,6 +181,16 @@ def _is_integral(x) -> bool:
     return not jnp.issubdtype(x.dtype, jnp.inexact)
 
 
+def _extremum(collective, x, axes: Axes):
+    """`pmax`/`pmin` of `x`, NaN wherever a device holds NaN (as `torch.maximum` and NumPy give;
+    XLA's CPU all-reduce drops NaNs)."""
+    out = collective(x, axes)
+    if _is_integral(x):
+        return out
+    nan = lax.pmax(jnp.isnan(x).astype(jnp.uint8), axes) > 0
+    return jnp.where(nan, jnp.asarray(jnp.nan, x.dtype), out)
+
+
 def _reduce(what: str, x, op: str, axes: Axes, size: int):
     """`x` reduced with torch's reduce op `op` ('sum', 'avg', ...) over `axes` on every device."""
     op = op.lower()
@@ -181,10 +204,8 @@ def _reduce(what: str, x, op: str, axes: Axes, size: int):
                 what, op, "the average of integers rounds differently in each torch backend; sum, then divide"
             )
         return (lax.psum(x, axes) / size).astype(x.dtype)
-    if op == "max":
-        return lax.pmax(x, axes)
-    if op == "min":
-        return lax.pmin(x, axes)
+    if op in ("max", "min"):
+        return _extremum(lax.pmax if op == "max" else lax.pmin, x, axes)
     if op == "product":
         return jnp.prod(lax.all_gather(x, axes), axis=0, dtype=x.dtype)
     raise CollectiveError.reduce_op(what, op, "torch.distributed has no such reduce op")

@@ -4,7 +4,9 @@
 thread, but JAX's tracing context (inside `jax.jit`, `jax.grad`, ...) is thread-local. So
 when backward starts under a JAX trace, `backward_in_trace` publishes that trace, and
 `adopted()` lets the autograd thread use it while it runs backward ops, and only while
-it runs a graph task (`torch._C._current_graph_task_id() != -1`).
+it runs a graph task (`torch._C._current_graph_task_id() != -1`). The abstract mesh of an
+enclosing `jax.shard_map` (thread-local too) travels with it, and so does any other per-thread
+state a layer above registers with `carry` (the axes of `jaxtorch.collectives_axis`).
 
 Example:
     ```python
@@ -17,12 +19,39 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
+import jax
 import torch
 from jax._src import core as _core
 
-_published: list = []  # stack of (trace, axis_env) of threads running backward under a trace
+_published: list = []  # stack of (trace, axis_env, carried) of threads running backward under a trace
 _lock = threading.Lock()
+Capture = Callable[[], Callable[[], AbstractContextManager]]
+_CARRIERS: list[Capture] = []
+
+
+def carry(capture: Capture) -> Capture:
+    """Carry per-thread state into torch's autograd threads when backward runs under a trace.
+
+    **Arguments:**
+    - `capture`: called in the thread that starts backward; returns a function that makes a
+      context manager re-establishing that state (entered in the autograd thread while it runs
+      the backward ops).
+
+    **Returns:** `capture` (so `carry` also works as a decorator).
+
+    **Example:** `carry(lambda: (lambda v=_VAR.get(): _set_var(v)))`, where `_set_var` is a context manager.
+    """
+    if capture not in _CARRIERS:
+        _CARRIERS.append(capture)
+    return capture
+
+
+def _abstract_mesh() -> Callable[[], AbstractContextManager]:
+    mesh = jax.sharding.get_abstract_mesh()
+    return lambda: jax.sharding.use_abstract_mesh(mesh)
 
 
 @contextlib.contextmanager
@@ -32,7 +61,7 @@ def backward_in_trace():
     if ctx.is_top_level():
         yield
         return
-    entry = (ctx.trace, ctx.axis_env)
+    entry = (ctx.trace, ctx.axis_env, [_abstract_mesh()] + [capture() for capture in _CARRIERS])
     with _lock:
         _published.append(entry)
     try:
@@ -54,12 +83,15 @@ def adopted():
     if not _published or not ctx.is_top_level() or torch._C._current_graph_task_id() == -1:
         yield
         return
-    trace, axis_env = _published[-1]
+    trace, axis_env, carried = _published[-1]
     prev_trace, prev_axis = ctx.trace, ctx.axis_env
     ctx.set_trace(trace)
     ctx.set_axis_env(axis_env)
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            for restore in carried:
+                stack.enter_context(restore())
+            yield
     finally:
         ctx.set_trace(prev_trace)
         ctx.set_axis_env(prev_axis)
