@@ -133,10 +133,10 @@ def _registered_size(name: str) -> int | None:
     none is (a name the functional API passed through unresolved)."""
     if not torch.distributed.is_available():
         return None
-    from torch.distributed.distributed_c10d import _resolve_process_group  # private: torch's name -> group table
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group  # (private: name -> group)
 
     try:
-        return _resolve_process_group(name).size()
+        return _resolve_process_group(GroupName(name)).size()
     except (RuntimeError, ValueError, KeyError, LookupError):
         return None
 

@@ -47,6 +47,5 @@ def multi(process_id: int, port: int) -> None:
     jax.distributed.shutdown()
 
 
-
 if __name__ == "__main__":
     multi(int(sys.argv[1]), int(sys.argv[2]))

@@ -9,8 +9,6 @@ the CPU. The DDP-style step here is also what `_collectives_multi.py` runs in tw
 
 from __future__ import annotations
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,11 +22,14 @@ from jax.sharding import PartitionSpec as P
 import jaxtorch
 
 c10d = torch.ops._c10d_functional
+SPLIT = P("d")
 
 
-def spmd(fn, mesh, in_specs=P("d"), out_specs=P("d"), **kw):
+def spmd(fn, mesh, in_specs=SPLIT, out_specs=SPLIT, **kw):
     """`fn` (torch code) on each device's block, under jax.jit(jax.shard_map)."""
-    body = jax.shard_map(lambda *a: jaxtorch.call_torch(fn, *a), mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kw)
+    body = jax.shard_map(
+        lambda *a: jaxtorch.call_torch(fn, *a), mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kw
+    )
     return jax.jit(body)
 
 

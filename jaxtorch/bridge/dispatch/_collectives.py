@@ -80,7 +80,7 @@ class JaxProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, rank: int, size: int):
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # torch's stub lists the store form only
         self._jax_group_name = ""
         self._jax_group_desc = ""
 
@@ -96,7 +96,7 @@ class JaxProcessGroup(dist.ProcessGroup):
         return self._jax_group_name
 
     @property
-    def group_desc(self) -> str:  # type: ignore[override]
+    def group_desc(self) -> str:
         return self._jax_group_desc
 
     def getBackendName(self) -> str:  # noqa: N802  (torch's name)
