@@ -196,12 +196,17 @@ def _reduce(what: str, x, op: str, axes: Axes, size: int):
     op = op.lower()
     if op in _NO_JAX_FORM:
         raise CollectiveError.reduce_op(what, op, _NO_JAX_FORM[op])
+    if x.dtype == jnp.bool_ and op != "avg":  # torch keeps bool: SUM and MAX are OR, MIN and PRODUCT are AND
+        either = op in ("sum", "max")
+        return (lax.pmax if either else lax.pmin)(x.astype(jnp.uint8), axes) > 0
     if op == "sum":
         return lax.psum(x, axes)
     if op == "avg":
         if _is_integral(x):
             raise CollectiveError.reduce_op(
-                what, op, "the average of integers rounds differently in each torch backend; sum, then divide"
+                what,
+                op,
+                "the average of integers or booleans rounds differently in each torch backend; sum, then divide",
             )
         return (lax.psum(x, axes) / size).astype(x.dtype)
     if op in ("max", "min"):
@@ -257,7 +262,7 @@ def reduce_scatter_tensor(x, reduce_op: str, group_size: int, group):
     if x.ndim == 0 or x.shape[0] % size:
         raise CollectiveError.uneven_split(what, x.shape[0] if x.ndim else 0, size, "equal blocks")
     op = reduce_op.lower()
-    if op == "sum":
+    if op == "sum" and x.dtype != jnp.bool_:
         return lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True)
     if op == "avg" and not _is_integral(x):
         return (lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True) / size).astype(x.dtype)

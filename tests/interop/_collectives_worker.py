@@ -86,6 +86,13 @@ def check_all_reduce(mesh, world):
                     np.testing.assert_allclose(g, expected, rtol=1e-6, err_msg=op)
                 else:
                     np.testing.assert_array_equal(g, expected, err_msg=op)
+    # booleans stay booleans, as in torch: SUM and MAX are OR, MIN and PRODUCT are AND
+    b = rng.integers(0, 2, size=(32, 3)).astype(bool)
+    b[:, 0] = False
+    for op, ref in {"sum": np.any, "max": np.any, "min": np.all, "product": np.all}.items():
+        got = np.asarray(spmd(lambda t, op=op: funcol.all_reduce(t, op, world), mesh, out_specs=P())(b))
+        assert got.dtype == np.bool_, (op, got.dtype)
+        np.testing.assert_array_equal(got, ref(blocks(b), axis=0), err_msg=op)
     # coalesced: each tensor of the list
     x = _inputs(rng, np.float32)
     a, b = spmd(lambda t: funcol.all_reduce_coalesced([t, 2 * t], "sum", world), mesh, out_specs=[P(), P()])(x)
@@ -116,6 +123,8 @@ def check_gather_scatter_all_to_all(mesh, world):
             return torch.cat(outs)
 
         np.testing.assert_array_equal(np.asarray(spmd(gather_list, mesh, **gathered)(x)), x)
+        got = spmd(lambda t: funcol.all_gather_single(t, 1, world), mesh, **gathered)(x)  # along dim 1
+        np.testing.assert_array_equal(np.asarray(got), np.concatenate(list(blocks(x)), axis=1))
         # reduce_scatter: rank r gets block r of the sum of every device's input
         expected = blocks(x).reshape(8, 8, 1, 3).sum(0).reshape(8, 3)  # (rank, 1 row each)
         got = spmd(lambda t: funcol.reduce_scatter_single(t, "sum", 0, world), mesh)(x)
@@ -134,6 +143,11 @@ def check_gather_scatter_all_to_all(mesh, world):
         for g in (got, spmd(scatter_inplace, mesh)(x), spmd(scatter_list, mesh)(x)):
             np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
         np.testing.assert_array_equal(np.asarray(maxed), blocks(x).reshape(8, 8, 1, 3).max(0).reshape(8, 3))
+        wide = np.tile(x, (1, 8))[:16]  # (2 rows per device, 24 columns): scatter along dim 1
+        summed = blocks(wide).sum(0)
+        got = spmd(lambda t: funcol.reduce_scatter_single(t, "sum", 1, world), mesh)(wide)
+        expected = np.concatenate([summed[:, 3 * r : 3 * r + 3] for r in range(8)])
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6)
         # all_to_all_single: block j of rank i goes to rank j, at block i
         expected = blocks(x).reshape(8, 8, 1, 3).transpose(1, 0, 2, 3).reshape(64, 3)
         got = spmd(lambda t: funcol.all_to_all_single(t, None, None, world), mesh)(x)
