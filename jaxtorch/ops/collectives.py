@@ -111,6 +111,7 @@ def _bindings(bound: tuple[tuple[str | None, Axes], ...]) -> Iterator[None]:
 
 @_tracing.carry  # torch's autograd thread runs a backward's collectives over the same axes
 def _capture_bindings():
+    """This thread's `collectives_axis` bindings, to re-establish on torch's autograd thread."""
     bound = _BOUND.get()
     return lambda: _bindings(bound)
 
