@@ -113,7 +113,7 @@ def _bindings(bound: tuple[tuple[str | None, Axes], ...]) -> Iterator[None]:
 def _capture_bindings():
     """This thread's `collectives_axis` bindings, to re-establish on torch's autograd thread."""
     bound = _BOUND.get()
-    return lambda: _bindings(bound)
+    return (lambda: _bindings(bound)) if bound else None
 
 
 def _bound_axes(name: str) -> tuple[Axes | None, bool]:

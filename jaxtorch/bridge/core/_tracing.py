@@ -28,7 +28,7 @@ from jax._src import core as _core
 
 _published: list = []  # stack of (trace, axis_env, carried) of threads running backward under a trace
 _lock = threading.Lock()
-Capture = Callable[[], Callable[[], AbstractContextManager]]
+Capture = Callable[[], Callable[[], AbstractContextManager] | None]
 _CARRIERS: list[Capture] = []
 
 
@@ -38,7 +38,7 @@ def carry(capture: Capture) -> Capture:
     **Arguments:**
     - `capture`: called in the thread that starts backward; returns a function that makes a
       context manager re-establishing that state (entered in the autograd thread while it runs
-      the backward ops).
+      the backward ops), or None when there is nothing to carry.
 
     **Returns:** `capture` (so `carry` also works as a decorator).
 
@@ -49,9 +49,10 @@ def carry(capture: Capture) -> Capture:
     return capture
 
 
-def _abstract_mesh() -> Callable[[], AbstractContextManager]:
+def _abstract_mesh() -> Callable[[], AbstractContextManager] | None:
+    """The enclosing `jax.shard_map`'s mesh (its manual axes), for the autograd thread."""
     mesh = jax.sharding.get_abstract_mesh()
-    return lambda: jax.sharding.use_abstract_mesh(mesh)
+    return None if mesh.empty else lambda: jax.sharding.use_abstract_mesh(mesh)
 
 
 @contextlib.contextmanager
@@ -61,7 +62,8 @@ def backward_in_trace():
     if ctx.is_top_level():
         yield
         return
-    entry = (ctx.trace, ctx.axis_env, [_abstract_mesh()] + [capture() for capture in _CARRIERS])
+    carried = [c for c in [_abstract_mesh(), *(capture() for capture in _CARRIERS)] if c is not None]
+    entry = (ctx.trace, ctx.axis_env, carried)
     with _lock:
         _published.append(entry)
     try:
