@@ -228,6 +228,20 @@ def check_axes(mesh2d):
 
     got = np.asarray(spmd(over_a_then_b, mesh2d, **gathered)(x))
     np.testing.assert_array_equal(got, x.reshape(2, 4, 2, 3).transpose(1, 0, 2, 3).reshape(16, 3))
+    # a torch DeviceMesh over the same (2, 4) grid: each dimension's group bound to its JAX axis
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dm = init_device_mesh("jax", (2, 4), mesh_dim_names=("a", "b"))
+
+    def per_dimension(t):
+        with jaxtorch.collectives_axis("a", group=dm.get_group("a")):
+            with jaxtorch.collectives_axis("b", group=dm.get_group("b")):
+                return funcol.all_reduce(t, "sum", dm["b"]) + 10 * funcol.all_reduce(t, "max", dm["a"])
+
+    got = np.asarray(spmd(per_dimension, mesh2d, in_specs=spec, out_specs=spec)(x))
+    grid = x.reshape(2, 4, 2, 3)
+    expected = grid.sum(1, keepdims=True) + 10 * grid.max(0, keepdims=True)
+    np.testing.assert_allclose(got, expected.reshape(16, 3), rtol=1e-6)
     # refusals: the world (8 ranks) over one axis of 4; an axis the map does not bind
     run = spmd(lambda t: funcol.all_reduce(t, "sum", world), mesh2d, in_specs=spec, out_specs=spec)
     with jaxtorch.collectives_axis("b"):
