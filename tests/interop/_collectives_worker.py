@@ -76,7 +76,8 @@ def check_all_reduce(mesh, world):
 
             def in_place(t, op=op):
                 t = t.clone()
-                dist.all_reduce(t, op=getattr(dist.ReduceOp, inplace[op]))
+                work = dist.all_reduce(t, op=getattr(dist.ReduceOp, inplace[op]), async_op=True)
+                assert work.wait() and work.is_completed()  # complete: a JAX collective's result is a value
                 return t
 
             got_inplace = np.asarray(spmd(in_place, mesh, out_specs=P(), **kw)(x))
