@@ -134,3 +134,15 @@ def test_routes_and_backend():
     assert route(c10d.all_reduce_.default).kind is Kind.VIA_SIBLING  # in place: the functional op, written back
     assert route(c10d.all_gather_into_tensor_out.default).kind is Kind.MUTATING
     assert dist.Backend("jax") == "jax"  # `dist.init_process_group("jax", ...)` is known to torch
+
+
+def test_jax_process_group_lifecycle():
+    dist.init_process_group("jax", rank=1, world_size=2, store=dist.HashStore())
+    try:
+        assert (dist.get_backend(), dist.get_world_size(), dist.get_rank()) == ("jax", 2, 1)
+        assert dist.barrier(async_op=True).wait()  # one SPMD program has no stragglers
+        with pytest.raises(jaxtorch.CollectiveError, match="dist.reduce"):
+            dist.reduce(torch.ones(2, device="jax"), dst=0)
+    finally:
+        dist.destroy_process_group()
+    assert not dist.is_initialized()
