@@ -6,7 +6,7 @@ in-place `dist.all_reduce` family): each runs as the JAX collective over mesh ax
 
 | op                        | JAX                                                         |
 |---------------------------|-------------------------------------------------------------|
-| `all_reduce`              | `lax.psum` / `pmean` / `pmax` / `pmin` (product: gathered)  |
+| `all_reduce`              | `lax.psum` (avg: / n), `pmax`, `pmin` (product: gathered)   |
 | `all_gather_into_tensor`  | `lax.all_gather(..., tiled=True)` along dim 0               |
 | `reduce_scatter_tensor`   | `lax.psum_scatter(..., tiled=True)` along dim 0             |
 | `all_to_all_single`       | `lax.all_to_all(..., tiled=True)` along dim 0 (even splits) |
