@@ -72,7 +72,9 @@ class DataDependentError(JaxtorchError):
             + (hint.rstrip(". ") + ". " if hint else "")
             + "Run it eagerly (outside jax.jit), or rewrite it with a static shape: "
             "`torch.where(mask, x, 0)` instead of `x[mask]`, `nonzero(size=...)`-style padding, "
-            "or tensor ops instead of `.item()` in Python control flow."
+            "or tensor ops instead of `.item()` in Python control flow; for a branch or a loop on a traced value, "
+            "`torch.cond(pred, true_fn, false_fn, (x,))` (or `torch._higher_order_ops.while_loop` / `scan`), "
+            "which becomes one `lax.cond` (`lax.while_loop`, `lax.scan`)."
         )
         super().__init__(msg)
         self.op = op
@@ -214,3 +216,17 @@ class StateWriteError(JaxtorchError):
             "`params, fn = jaxtorch.extract(model, mutable=True)`: `fn` returns `(output, new_state)`; or put "
             "the module in eval mode (`model.eval()`) if the statistics should not change."
         )
+
+
+class ControlFlowError(JaxtorchError):
+    """A `torch.cond` / `while_loop` / `scan` / `map` call jaxtorch cannot run as one `lax` op with
+    torch's meaning: what torch refuses (an output aliasing an input, a write to an input, a carry
+    changing shape or dtype, branches returning different things, an empty scan) and what one `lax`
+    op cannot carry (a write to a tensor from outside the body, a body reading a tensor with an
+    autograd history from outside it). The message names the body and the way out.
+
+    **Example:** `ControlFlowError("torch.cond's true_fn", "returns its input `x` itself", "return `x.clone()`")`.
+    """
+
+    def __init__(self, where: str, problem: str, fix: str):
+        super().__init__(f"{where} {problem}, which jaxtorch (as torch) cannot run as one control-flow op. {fix}.")

@@ -1053,3 +1053,6 @@ _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops thro
 
 # torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations
 from . import _autocast, _checkpointing, _custom_function, _hooks  # noqa: E402, F401
+from . import _control_flow  # noqa: E402
+
+_control_flow.install(JaxDispatchMode)  # torch.cond / while_loop / scan / map on the jax device
