@@ -209,7 +209,9 @@ def _run(
     for b in bodies:
         for t in b.grad_inputs:
             extra.setdefault(id(t), t)
-    extra_at = [[(j, b.const_at(t._raw())) for j, b in enumerate(bodies) if b.const_at(t._raw()) >= 0] for t in extra.values()]
+    extra_at = [
+        [(j, b.const_at(t._raw())) for j, b in enumerate(bodies) if b.const_at(t._raw()) >= 0] for t in extra.values()
+    ]
 
     def call() -> tuple[tuple, Callable]:
         outs = op(arrays, consts)
@@ -338,7 +340,10 @@ def _while(cond_b: _Body, body_b: _Body, carry: list, consts: list) -> list:
             return new_c, jax.tree_util.tree_map(operator.add, ct_k, dk)
 
         ct_c0 = [x if m else _float0(x) for m, x in zip(fc, ct)]
-        ct_c0 = [jnp.zeros_like(c0) if m and isinstance(x, np.ndarray) and x.dtype == jax.dtypes.float0 else x for m, x, c0 in zip(fc, ct_c0, carry0)]
+        ct_c0 = [
+            jnp.zeros_like(c0) if m and isinstance(x, np.ndarray) and x.dtype == jax.dtypes.float0 else x
+            for m, x, c0 in zip(fc, ct_c0, carry0)
+        ]
         ct_k0 = [jnp.zeros_like(x) for ms, part in zip(fk, consts) for m, x in zip(ms, part) if m]
         ct_c, ct_k = jax.lax.fori_loop(0, n, back, (ct_c0, ct_k0))
         it = iter(ct_k)
