@@ -29,6 +29,7 @@ from .bridge.api._jax_first import TorchModule, call_torch, extract, torch_modul
 from .bridge.api._jax_module import JaxModule
 from .bridge.core._checks import checks
 from .bridge.core._errors import (
+    ControlFlowError,
     DataDependentError,
     DeviceMismatchError,
     Float64Error,
@@ -84,6 +85,7 @@ __all__ = [
     "to_torch",
     "torch_module_to_jax",
     "torch_view",
+    "ControlFlowError",
     "DataDependentError",
     "DeviceMismatchError",
     "Float64Error",

@@ -269,8 +269,12 @@ def cond(pred, true_fn: Callable, false_fn: Callable, operands) -> Any:
     _settle([pred, *leaves])
     grad_on = torch.is_grad_enabled()
     specs = [_spec(t) for t in leaves]
+
+    def branch(fn: Callable) -> Callable[[list], Any]:
+        return lambda xs: fn(*pytree.tree_unflatten(xs, spec))
+
     bodies = [
-        _trace(lambda xs, fn=fn: fn(*pytree.tree_unflatten(xs, spec)), specs, f"torch.cond's {name}", grad_on)
+        _trace(branch(fn), specs, f"torch.cond's {name}", grad_on)
         for fn, name in ((true_fn, "true_fn"), (false_fn, "false_fn"))
     ]
     t, f = bodies
