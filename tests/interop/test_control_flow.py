@@ -249,3 +249,12 @@ def test_write_to_outside_tensor_is_refused():
 def test_torch_refuses_an_empty_scan_before_jaxtorch_sees_it():
     with pytest.raises(RuntimeError, match="scan dimension > 0"):
         _call(lambda x: torch_scan(lambda c, y: (c + y, c), x[0], x[:0]), np.ones((3, 2), np.float32))
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_cond_under_the_dispatch_mode_eagerly(inference):
+    x = torch.tensor([0.5, -1.0, 2.0])
+    ctx = torch.inference_mode() if inference else torch.no_grad()
+    with jaxtorch.default_env(), ctx:  # (inference mode: the kernel at the Python key, below autograd)
+        out = torch.cond(x.to("jax").sum() < 0, lambda x: x.sin(), lambda x: x.cos() * 3, (x.to("jax"),))
+    np.testing.assert_allclose(_np(out), _np(x.cos() * 3), rtol=1e-6)

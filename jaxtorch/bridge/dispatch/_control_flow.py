@@ -480,4 +480,4 @@ def install(mode_cls: type) -> None:
         kernel = torch.compiler.disable(run)
         hop.py_impl(torch._C.DispatchKey.AutogradPrivateUse1)(kernel)
         hop.py_impl(JaxTensor)(kernel)
-        hop.py_impl(mode_cls)(lambda mode, *args, _k=kernel, **kwargs: _k(*args, **kwargs))
+        hop.py_impl(mode_cls)(torch.compiler.disable(lambda mode, *args, _k=run, **kwargs: _k(*args, **kwargs)))
