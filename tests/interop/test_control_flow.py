@@ -29,7 +29,8 @@ class Branchy(torch.nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda x: self.a(x).tanh(), lambda x: self.b(x) * 2.0, (x,))
 
-    def reference(self, x):  # torch.cond's meaning on CPU, as a Python `if` (the eager CPU branch)
+    def reference(self, x):  # torch.cond on CPU, as a Python `if`: in torch 2.13 a CPU torch.cond fails once
+        # any torch.cond ran under a TorchDispatchMode in the process (dynamo caches the skipped frame)
         return self.a(x).tanh() if x.sum() > 0 else self.b(x) * 2.0
 
 
@@ -258,3 +259,46 @@ def test_cond_under_the_dispatch_mode_eagerly(inference):
     with jaxtorch.default_env(), ctx:  # (inference mode: the kernel at the Python key, below autograd)
         out = torch.cond(x.to("jax").sum() < 0, lambda x: x.sin(), lambda x: x.cos() * 3, (x.to("jax"),))
     np.testing.assert_allclose(_np(out), _np(x.cos() * 3), rtol=1e-6)
+
+
+class ClosesOverActivation(torch.nn.Module):
+    """A branch reading a tensor computed before the call (not a leaf): its gradient reaches `lin`."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.cond(x.sum() > 0, lambda x: x * h, lambda x: x.cos(), (x,))
+
+    def reference(self, x):
+        h = self.lin(x)
+        return x * h if x.sum() > 0 else x.cos()
+
+
+@pytest.mark.parametrize("path", ["extract", "jaxtorch.jit", "eager"])
+def test_closure_with_autograd_history_gets_its_gradient(path):
+    m = ClosesOverActivation()
+    x = torch.rand(2, 3)
+    m.reference(x).sum().backward()
+    mj = ClosesOverActivation().to("jax")
+    if path == "extract":
+        params, fn = jaxtorch.extract(ClosesOverActivation())
+        got = jax.grad(lambda p: fn(p, jnp.asarray(x.numpy())).sum())(params)["lin.weight"]
+    elif path == "jaxtorch.jit":
+
+        @jaxtorch.jit
+        def step(model, x):
+            out = model(x)
+            out.sum().backward()
+            return out
+
+        step(mj, x.to("jax"))
+        got = mj.lin.weight.grad
+    else:
+        with jaxtorch.default_env():
+            mj(x.to("jax")).sum().backward()
+        got = mj.lin.weight.grad
+    np.testing.assert_allclose(_np(got), _np(m.lin.weight.grad), rtol=1e-5, atol=1e-6)

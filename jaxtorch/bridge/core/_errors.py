@@ -222,11 +222,12 @@ class ControlFlowError(JaxtorchError):
     """A `torch.cond` / `while_loop` / `scan` / `map` call jaxtorch cannot run as one `lax` op with
     torch's meaning: what torch refuses (an output aliasing an input, a write to an input, a carry
     changing shape or dtype, branches returning different things, an empty scan) and what one `lax`
-    op cannot carry (a write to a tensor from outside the body, a body reading a tensor with an
-    autograd history from outside it). The message names the body and the way out.
+    op cannot carry (a write to a tensor from outside the body). The message names the body and the way out.
 
     **Example:** `ControlFlowError("torch.cond's true_fn", "returns its input `x` itself", "return `x.clone()`")`.
     """
 
     def __init__(self, where: str, problem: str, fix: str):
-        super().__init__(f"{where} {problem}, which jaxtorch (as torch) cannot run as one control-flow op. {fix}.")
+        super().__init__(
+            f"{where} {problem}: jaxtorch cannot run that as one control-flow op with torch's meaning. {fix}."
+        )

@@ -20,10 +20,10 @@ outside, parameters included, become the jaxprs' constants) and runs one `lax.co
 What torch refuses, and what one lax op cannot carry, raises `ControlFlowError`: an output that
 is (a view of) an input or of a tensor from outside, a write to an input or to a tensor from
 outside the body, a carry changing shape or dtype, branches returning different things, an
-empty scan, a non-tensor carry, a body reading a non-leaf tensor that requires grad from outside.
+empty scan, a non-tensor carry.
 
 Private torch names used: `torch._higher_order_ops` (the HOP objects), `torch._C.DispatchKey`,
-`torch._C._autograd._get_sequence_nr`; private JAX name: `jax._src.core.trace_ctx`.
+`torch.utils._pytree`; private JAX name: `jax._src.core.trace_ctx`.
 
 Example:
     ```python
@@ -50,11 +50,12 @@ from torch._higher_order_ops.map import map_impl
 from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import _lazy
 from ..core._errors import ControlFlowError
 from ..tensor._tensor import JaxTensor, labelled, root, root_data, write_checks
-from ._remat import _grad_inputs, _Remat
+from ._remat import _Remat
 
 _TENSOR = object()  # marks where a tensor goes among a body's output leaves
 _guards = threading.local()  # `.stack`: the write guards of the bodies being traced in this thread
@@ -92,6 +93,33 @@ class _Guard:
             )
 
 
+# ---- the tensors from outside a body that it reads -----------------------------------------------
+class _Reads(TorchDispatchMode):
+    """Records, while a body is traced, the root of each jax tensor from outside it that an op reads
+    (a parameter, a tensor computed before the call): the body's constants that torch's autograd
+    must see as inputs of the op, leaf or not."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, trace):
+        super().__init__()
+        self.trace, self.roots = trace, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, JaxTensor):
+                r = root(a)
+                data = root_data(r)
+                if id(r) not in self.roots and not (
+                    isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is self.trace
+                ):
+                    self.roots[id(r)] = r
+        if func in _KERNELS:  # a control-flow op inside the body (under `inference_mode`)
+            return _KERNELS[func](*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 # ---- a body traced once -------------------------------------------------------------------------
 @dataclasses.dataclass(eq=False)
 class _Body:
@@ -103,7 +131,7 @@ class _Body:
     out_leaves: list  # `_TENSOR` where a tensor goes, else the static value
     out_dtypes: list[torch.dtype]
     out_avals: list  # `jax.ShapeDtypeStruct` of each output tensor
-    grad_inputs: list[JaxTensor]  # leaves from outside requiring grad that the outputs' autograd graph reaches
+    grad_inputs: list[JaxTensor]  # the roots from outside requiring grad that the body reads
 
     def __call__(self, consts: list, arrays: list) -> list:
         return jax.core.eval_jaxpr(self.jaxpr, consts, *arrays)
@@ -128,17 +156,15 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
 
     def region(*arrays):
         trace = _jax_core.trace_ctx.trace
-        start = torch._C._autograd._get_sequence_nr()  # (autograd nodes made from here on are the body's)
         inner = [labelled(a, d) for a, (_, d, _) in zip(arrays, specs)]
-        for x, (_, d, rg) in zip(inner, specs):
-            if grad_on and rg and _float(d):
-                x.requires_grad_(True)
         guard = _Guard(trace, inner, where)
         stack = _guards.__dict__.setdefault("stack", [])
         stack.append(guard)
         write_checks.append(guard)
+        reads = _Reads(trace)
         try:
-            out = fn(list(inner))
+            with reads:
+                out = fn(list(inner))
         finally:
             write_checks.remove(guard)
             stack.remove(guard)
@@ -157,15 +183,7 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
                 )
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in leaves]
         info["out_dtypes"] = [o.dtype for o in tensors]
-        found = _grad_inputs(tensors, inner, start) if grad_on else []
-        if found is None:
-            raise ControlFlowError(
-                where,
-                "reads a tensor from outside the body that has an autograd history (not a parameter) or a "
-                "module's backward hook",
-                "Pass that tensor in as an operand (a carry, an `xs` entry) so its gradient can flow",
-            )
-        info["grad_inputs"] = found
+        info["grad_inputs"] = [r for r in reads.roots.values() if grad_on and r.requires_grad and _float(r.dtype)]
         return [o._raw() for o in tensors]
 
     closed, shapes = jax.make_jaxpr(region, return_shape=True)(*[s for s, _, _ in specs])
