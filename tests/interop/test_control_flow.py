@@ -174,11 +174,18 @@ class Scanned(torch.nn.Module):
 
         return torch_scan(step, h, xs)
 
+    def reference(self, h, xs):  # (torch's scan on CPU, as a Python loop: see `Branchy.reference`)
+        ys = []
+        for x in xs:
+            h = torch.tanh(h @ self.w + x)
+            ys.append(h * 2.0)
+        return h, torch.stack(ys)
+
 
 def test_scan_values_and_grads_match_torch():
     m = Scanned()
     h, xs = torch.randn(2, 4), torch.randn(5, 2, 4)
-    c_ref, ys_ref = m(h, xs)
+    c_ref, ys_ref = m.reference(h, xs)
     (c_ref.sum() + ys_ref.sum()).backward()
     params, fn = jaxtorch.extract(m)
     hj, xj = jnp.asarray(h.numpy()), jnp.asarray(xs.numpy())
@@ -192,7 +199,7 @@ def test_scan_values_and_grads_match_torch():
 
 def test_map_matches_torch():
     xs, w = torch.randn(3, 2), torch.randn(2)
-    ref = torch_map(lambda x, w: (x * w).sin(), xs, w)
+    ref = torch.stack([(x * w).sin() for x in xs])  # (torch's map on CPU, as a Python loop)
     out = jaxtorch.call_torch(
         lambda a, b: torch_map(lambda x, w: (x * w).sin(), a, b), *map(jnp.asarray, (xs.numpy(), w.numpy()))
     )
@@ -302,3 +309,57 @@ def test_closure_with_autograd_history_gets_its_gradient(path):
             mj(x.to("jax")).sum().backward()
         got = mj.lin.weight.grad
     np.testing.assert_allclose(_np(got), _np(m.lin.weight.grad), rtol=1e-5, atol=1e-6)
+
+
+def test_cond_in_make_train_step():
+    import optax
+
+    from jaxtorch.train import make_train_step
+
+    m, mc = Branchy(), Branchy()
+    init, step = make_train_step(m, lambda out, y: ((out - y) ** 2).mean(), optax.sgd(0.1))
+    state = init()
+    x, y = torch.rand(3, 4), torch.zeros(3, 4)
+    opt = torch.optim.SGD(mc.parameters(), lr=0.1)
+    for _ in range(2):
+        state, loss = step(state, jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+        opt.zero_grad()
+        ref = ((mc.reference(x) - y) ** 2).mean()
+        ref.backward()
+        opt.step()
+        np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
+
+
+def test_scan_reverse_along_dim_1_matches_a_python_loop():
+    h, xs = torch.zeros(2), torch.randn(2, 4)
+    c, ys = h.clone(), [None] * 4
+    for i in reversed(range(4)):
+        ys[i] = c * 1.0
+        c = c + xs[:, i]
+
+    def f(h, xs):
+        return torch_scan(lambda c, x: (c + x, c * 1.0), h, xs, reverse=True, dim=1)
+
+    carry, out = jax.jit(lambda a, b: _call(f, a, b))(h.numpy(), xs.numpy())
+    np.testing.assert_allclose(np.asarray(carry), _np(c), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out), _np(torch.stack(ys, 1)), rtol=1e-6)
+
+
+def test_scan_lazy():
+    m = Scanned()
+    h, xs = torch.randn(2, 4), torch.randn(5, 2, 4)
+    c_ref, ys_ref = m.reference(h, xs)
+    mj = Scanned().to("jax")
+    with jaxtorch.default_env(), jaxtorch.lazy():
+        c, ys = mj(h.to("jax") * 1.0, xs.to("jax") * 1.0)
+        got = _np(ys), _np(c)
+    np.testing.assert_allclose(got[0], _np(ys_ref), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], _np(c_ref), rtol=1e-5, atol=1e-6)
+
+
+def test_python_number_carry_is_refused():
+    def f(x):
+        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (0, x))
+
+    with pytest.raises(ControlFlowError, match="0-d tensor"):
+        _call(f, np.ones(3, np.float32))
