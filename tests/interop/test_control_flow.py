@@ -363,3 +363,13 @@ def test_python_number_carry_is_refused():
 
     with pytest.raises(ControlFlowError, match="0-d tensor"):
         _call(f, np.ones(3, np.float32))
+
+
+def test_torch_cond_and_while_loop_take_jax_tensors_with_no_mode_on():
+    x = torch.tensor([0.5, -1.0, 2.0])
+    xj = x.to("jax")
+    out = torch.cond(xj.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (xj,))
+    np.testing.assert_allclose(_np(out), _np(x.sin()), rtol=1e-6)
+    i, y = torch.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (torch.tensor(0, device="jax"), xj))
+    assert int(i) == 3
+    np.testing.assert_allclose(_np(y), _np(x * 8), rtol=1e-6)

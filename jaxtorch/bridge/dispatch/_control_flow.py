@@ -23,7 +23,8 @@ outside the body, a carry changing shape or dtype, branches returning different 
 empty scan, a non-tensor carry.
 
 Private torch names used: `torch._higher_order_ops` (the HOP objects), `torch._C.DispatchKey`,
-`torch.utils._pytree`; private JAX name: `jax._src.core.trace_ctx`.
+`torch.utils._pytree`,
+`torch.utils._python_dispatch._len_torch_dispatch_stack`; private JAX name: `jax._src.core.trace_ctx`.
 
 Example:
     ```python
@@ -49,6 +50,7 @@ from torch._higher_order_ops.cond import cond_op
 from torch._higher_order_ops.map import map_impl
 from torch._higher_order_ops.scan import scan_op
 from torch._higher_order_ops.while_loop import while_loop_op
+from torch.utils import _python_dispatch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -487,9 +489,32 @@ def map_(f: Callable, xs, pos_args) -> Any:
 _KERNELS: dict[Any, Callable] = {cond_op: cond, while_loop_op: while_loop, scan_op: scan, map_impl: map_}
 
 
+def _under_a_mode(wrapper: Callable, mode_cls: type) -> Callable:
+    """`wrapper` (torch's `torch.cond`, `torch.while_loop`), run under `mode_cls` when it gets a jax
+    tensor and no dispatch mode is on: torch's wrapper calls `torch.compile`, which refuses a jax
+    tensor but skips its frame (running the HOP, hence the kernels here) when a dispatch mode is on."""
+
+    def run(*args, **kwargs):
+        if _python_dispatch._len_torch_dispatch_stack() == 0 and any(
+            isinstance(a, JaxTensor) for a in pytree.tree_leaves((args, kwargs))
+        ):
+            with mode_cls():
+                return wrapper(*args, **kwargs)
+        return wrapper(*args, **kwargs)
+
+    run.__wrapped__ = run.jaxtorch_wraps = wrapper  # type: ignore[attr-defined]
+    run.__name__, run.__doc__, run.__module__ = wrapper.__name__, wrapper.__doc__, wrapper.__module__
+    return run
+
+
 def install(mode_cls: type) -> None:
     """Give each control-flow HOP its jax-device kernel: above autograd (`AutogradPrivateUse1`) and at
-    the Python key for `mode_cls` (jaxtorch's dispatch mode) and `JaxTensor` (idempotent)."""
+    the Python key for `mode_cls` (jaxtorch's dispatch mode) and `JaxTensor`; and let `torch.cond` /
+    `torch.while_loop` take jax tensors with no mode on (`_under_a_mode`). Idempotent."""
+    for name in ("cond", "while_loop"):
+        public = getattr(torch, name)
+        if not hasattr(public, "jaxtorch_wraps"):
+            setattr(torch, name, _under_a_mode(public, mode_cls))
     for hop, run in _KERNELS.items():
         if torch._C.DispatchKey.AutogradPrivateUse1 in hop.py_kernels:
             continue
