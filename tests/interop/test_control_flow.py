@@ -373,3 +373,24 @@ def test_torch_cond_and_while_loop_take_jax_tensors_with_no_mode_on():
     i, y = torch.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (torch.tensor(0, device="jax"), xj))
     assert int(i) == 3
     np.testing.assert_allclose(_np(y), _np(x * 8), rtol=1e-6)
+
+
+def test_while_loop_lazy():
+    m = Looped()
+    x = torch.randn(2, 4)
+    ref = m.python_loop(x)
+    mj = Looped().to("jax")
+    with jaxtorch.default_env(), jaxtorch.lazy():
+        got = _np(mj(x.to("jax") * 1.0))
+    np.testing.assert_allclose(got, _np(ref), rtol=1e-5, atol=1e-5)
+
+
+def test_nested_cond_and_vmap():
+    def f(x):
+        inner = lambda x: torch.cond(x.mean() > 1, lambda y: y * 3, lambda y: y.sin(), (x,))  # noqa: E731
+        return torch.cond(x.sum() > 0, inner, lambda x: x.cos(), (x,))
+
+    xs = np.array([[2.0, 2.0], [0.5, 0.5], [-1.0, -2.0]], np.float32)
+    out = jax.vmap(lambda a: _call(f, a))(xs)
+    want = [x * 3 if x.mean() > 1 else (np.sin(x) if x.sum() > 0 else np.cos(x)) for x in xs]
+    np.testing.assert_allclose(np.asarray(out), np.stack(want), rtol=1e-6)
