@@ -394,3 +394,17 @@ def test_nested_cond_and_vmap():
     out = jax.vmap(lambda a: _call(f, a))(xs)
     want = [x * 3 if x.mean() > 1 else (np.sin(x) if x.sum() > 0 else np.cos(x)) for x in xs]
     np.testing.assert_allclose(np.asarray(out), np.stack(want), rtol=1e-6)
+
+
+@pytest.mark.parametrize("traced", [True, False])
+def test_random_op_in_a_body_is_refused(traced):
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda x: torch.nn.functional.dropout(x, 0.5), lambda x: x.cos(), (x,))
+
+    x = np.ones(8, np.float32)
+    with pytest.raises(ControlFlowError, match="draws random numbers"):
+        if traced:
+            jax.jit(lambda a, k: jaxtorch.call_torch(f, a, rng=k))(x, jax.random.key(0))
+        else:
+            with jaxtorch.default_env():
+                f(torch.ones(8, device="jax"))

@@ -54,7 +54,7 @@ from torch.utils import _python_dispatch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core import _lazy
+from ..core import _lazy, _random
 from ..core._errors import ControlFlowError
 from ..tensor._tensor import JaxTensor, labelled, root, root_data, write_checks
 from ._remat import _Remat
@@ -164,12 +164,20 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
         stack.append(guard)
         write_checks.append(guard)
         reads = _Reads(trace)
+        probe = jax.random.key(0)  # (a random op in the body would draw from it, and not from the call's key)
         try:
-            with reads:
+            with reads, _random.key_scope(probe) as cell:
                 out = fn(list(inner))
         finally:
             write_checks.remove(guard)
             stack.remove(guard)
+        if cell is not None and cell[0] is not probe:
+            raise ControlFlowError(
+                where,
+                "draws random numbers (dropout, `torch.rand`, ...)",
+                "Draw them before the call and pass them in as an operand (a carry, an `xs` entry), or turn "
+                "dropout off (`model.eval()`)",
+            )
         leaves, info["out_spec"] = pytree.tree_flatten(out)
         tensors = [o for o in leaves if isinstance(o, torch.Tensor)]
         mine = {id(x) for x in inner}
