@@ -408,3 +408,20 @@ def test_random_op_in_a_body_is_refused(traced):
         else:
             with jaxtorch.default_env():
                 f(torch.ones(8, device="jax"))
+
+
+@pytest.mark.parametrize("start", [0, 5])  # three iterations; none
+def test_while_loop_gradient_with_respect_to_the_carry(start):
+    def f(x):
+        i0 = torch.full((), start, dtype=torch.int64, device=x.device)
+        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * x + 1.0), (i0, x))[1].sum()
+
+    def python(x):
+        for _ in range(max(0, 3 - start)):
+            x = x * x + 1.0
+        return x.sum()
+
+    x = torch.tensor([0.5, -0.25], requires_grad=True)
+    python(x).backward()
+    g = jax.grad(lambda a: jaxtorch.call_torch(f, a))(jnp.asarray(x.detach().numpy()))
+    np.testing.assert_allclose(np.asarray(g), _np(x.grad), rtol=1e-5)

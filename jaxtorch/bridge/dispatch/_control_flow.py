@@ -371,11 +371,7 @@ def _while(cond_b: _Body, body_b: _Body, carry: list, consts: list) -> list:
             new_c = [next(it) if m else x for m, x in zip(fc, ct_c)]
             return new_c, jax.tree_util.tree_map(operator.add, ct_k, dk)
 
-        ct_c0 = [x if m else _float0(x) for m, x in zip(fc, ct)]
-        ct_c0 = [
-            jnp.zeros_like(c0) if m and isinstance(x, np.ndarray) and x.dtype == jax.dtypes.float0 else x
-            for m, x, c0 in zip(fc, ct_c0, carry0)
-        ]
+        ct_c0 = [x if m else _float0(c0) for m, x, c0 in zip(fc, ct, carry0)]
         ct_k0 = [jnp.zeros_like(x) for ms, part in zip(fk, consts) for m, x in zip(ms, part) if m]
         ct_c, ct_k = jax.lax.fori_loop(0, n, back, (ct_c0, ct_k0))
         it = iter(ct_k)
