@@ -32,6 +32,7 @@ from .bridge.api._jax_module import JaxModule
 from .bridge.core._checks import checks
 from .bridge.core._errors import (
     CollectiveError,
+    ControlFlowError,
     DataDependentError,
     DeviceMismatchError,
     Float64Error,
@@ -90,6 +91,7 @@ __all__ = [
     "torch_module_to_jax",
     "torch_view",
     "CollectiveError",
+    "ControlFlowError",
     "DataDependentError",
     "DeviceMismatchError",
     "Float64Error",

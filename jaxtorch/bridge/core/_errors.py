@@ -72,7 +72,9 @@ class DataDependentError(JaxtorchError):
             + (hint.rstrip(". ") + ". " if hint else "")
             + "Run it eagerly (outside jax.jit), or rewrite it with a static shape: "
             "`torch.where(mask, x, 0)` instead of `x[mask]`, `nonzero(size=...)`-style padding, "
-            "or tensor ops instead of `.item()` in Python control flow."
+            "or tensor ops instead of `.item()` in Python control flow; for a branch or a loop on a traced value, "
+            "`torch.cond(pred, true_fn, false_fn, (x,))` (or `torch._higher_order_ops.while_loop` / `scan`), "
+            "which becomes one `lax.cond` (`lax.while_loop`, `lax.scan`)."
         )
         super().__init__(msg)
         self.op = op
@@ -289,4 +291,19 @@ class CollectiveError(JaxtorchError):
             f"`{what}` has no SPMD form in jaxtorch: inside jax.shard_map every device runs the same "
             "program, so a collective whose result lives on one rank only (reduce, gather, scatter) or a "
             f"point-to-point message (send, recv) cannot be expressed as a JAX collective. {instead}"
+        )
+
+
+class ControlFlowError(JaxtorchError):
+    """A `torch.cond` / `while_loop` / `scan` / `map` call jaxtorch cannot run as one `lax` op with
+    torch's meaning: what torch refuses (an output aliasing an input, a write to an input, a carry
+    changing shape or dtype, branches returning different things, an empty scan) and what one `lax`
+    op cannot carry (a write to a tensor from outside the body). The message names the body and the way out.
+
+    **Example:** `ControlFlowError("torch.cond's true_fn", "returns its input `x` itself", "return `x.clone()`")`.
+    """
+
+    def __init__(self, where: str, problem: str, fix: str):
+        super().__init__(
+            f"{where} {problem}: jaxtorch cannot run that as one control-flow op with torch's meaning. {fix}."
         )

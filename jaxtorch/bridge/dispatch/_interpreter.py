@@ -1052,4 +1052,7 @@ FACTORY_KERNELS = _register_factory_kernels()
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
 
 # torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations
-from . import _autocast, _checkpointing, _custom_function, _hooks  # noqa: E402, F401
+# torch.cond / while_loop / scan / map on the jax device
+from . import _autocast, _checkpointing, _control_flow, _custom_function, _hooks  # noqa: E402, F401
+
+_control_flow.install(JaxDispatchMode)
