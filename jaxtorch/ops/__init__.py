@@ -16,6 +16,7 @@
 | `rnn`           | RNN/LSTM/GRU and their cells (one lax.scan per layer), packing  |
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
 | `fft`           | torch.fft                                                       |
+| `amp`           | gradient scaling (GradScaler's unscale and scale update)        |
 """
 
 import importlib
@@ -37,6 +38,7 @@ for _family in [
     "rnn",
     "sorting",
     "fft",
+    "amp",
     "prims",
 ]:
     try:
