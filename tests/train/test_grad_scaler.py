@@ -23,6 +23,7 @@ from torch import nn
 import jaxtorch
 from jaxtorch.bridge.dispatch._grad_scaler import inverse_scale
 from jaxtorch.ops.amp import f32_reciprocal
+from tests._dtypes import enable_x64
 
 INF, NAN = float("inf"), float("nan")
 # the loss is multiplied by these: inf and NaN give non-finite gradients (steps torch skips)
@@ -120,6 +121,13 @@ def test_update_scale_in_lazy_mode():
         assert _update_sequence("jax", 8.0, 0, founds, 2.0, 0.5, 2) == expected
 
 
+def test_a_factor_float32_cannot_hold_is_computed_in_float64_with_x64():
+    founds = [0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    expected = _update_sequence("cpu", 3.0, 0, founds, 1.1, 0.9, 1)
+    with enable_x64():
+        assert _update_sequence("jax", 3.0, 0, founds, 1.1, 0.9, 1) == expected
+
+
 def test_a_factor_float32_cannot_hold_is_refused_without_x64():
     s, t = torch.tensor(8.0).to("jax"), torch.tensor(1, dtype=torch.int32).to("jax")
     with pytest.raises(jaxtorch.GradScalerError, match="jax_enable_x64"):
@@ -144,10 +152,10 @@ def _data(n: int = STEPS):
     return [(torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g), torch.tensor(p)) for p in POISON[:n]]
 
 
-def step(model, opt, scaler, x, y, poison, clip=False):
+def step(model, opt, scaler, x, y, poison, clip=False, dtype=torch.float16):
     """One fp16 step as torch's AMP recipe writes it (`clip`: unscale_, then clip the gradients)."""
     opt.zero_grad()
-    with torch.autocast(x.device.type, dtype=torch.float16):
+    with torch.autocast(x.device.type, dtype=dtype):
         loss = F.mse_loss(model(x).float(), y)
     scaler.scale(loss * poison).backward()
     if clip:
@@ -183,10 +191,14 @@ def _assert_like_cpu(got, expected, exact: bool):
     assert skipped == [i for i, p in enumerate(POISON) if p != 1.0]  # the inf and NaN steps, and only those
 
 
-@pytest.mark.parametrize("opt_name, clip", [("sgd", False), ("momentum", True), ("adam", False)])
-def test_eager_training_matches_cpu(opt_name, clip):
-    expected = _train("cpu", opt_name, clip=clip)
-    _assert_like_cpu(_train("jax", opt_name, clip=clip), expected, exact=opt_name == "sgd")
+@pytest.mark.parametrize(
+    "opt_name, clip, dtype",
+    [("sgd", False, torch.float16), ("momentum", True, torch.float16), ("adam", False, torch.float16)]
+    + [("sgd", False, torch.bfloat16)],
+)
+def test_eager_training_matches_cpu(opt_name, clip, dtype):
+    expected = _train("cpu", opt_name, clip=clip, dtype=dtype)
+    _assert_like_cpu(_train("jax", opt_name, clip=clip, dtype=dtype), expected, exact=opt_name == "sgd")
 
 
 def test_lazy_training_matches_cpu():

@@ -135,9 +135,16 @@ def _changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         elif isinstance(new, torch.Tensor):
             if new.shape != old.shape or new.dtype != old.dtype:
                 out.append(k)
-        elif new is not old and new != old:
+        elif new is not old and not _equal(new, old):
             out.append(k)
     return sorted(out)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001  (an array-like without one truth value: count it as changed)
+        return False
 
 
 def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, *args, **kwargs):
@@ -168,7 +175,7 @@ def install() -> None:
     """Put the two replacements on `torch.amp.GradScaler` (idempotent; other devices unchanged), and
     make it a pytree whose tensors are state: a compiled function given a scaler reads its scale and
     growth tracker at every call and writes them back, also when its first call creates them."""
-    GradScaler.scale = scale  # type: ignore[method-assign, assignment]
+    GradScaler.scale = scale  # type: ignore[method-assign]
     GradScaler.unscale_ = unscale_  # type: ignore[method-assign]
     GradScaler._maybe_opt_step = _maybe_opt_step  # type: ignore[method-assign]
     pytrees.register(GradScaler, _flatten, _unflatten, _flatten_with_keys)  # (registers once)
