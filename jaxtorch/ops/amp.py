@@ -15,9 +15,11 @@ CUDA ones (`AmpKernels.cu`) match:
 int32 arithmetic, so it needs no 64-bit mode and is exact wherever XLA's float32 division is not.
 
 torch multiplies the float32 scale by the Python (float64) factor in double precision and rounds
-the product to float32. That equals a float32 multiplication when the factor is a float32 value
-(2.0, 0.5, 0.25, ...); any other factor needs JAX's 64-bit mode, and without it
-`GradScalerError` is raised instead of a scale that drifts from torch's.
+the product to float32. That is the correctly rounded float32 product when the factor is a
+float32 value (2.0, 0.5, 0.25, ...), computed here in int32 arithmetic too (XLA's float32
+arithmetic on the CPU flushes a subnormal scale to zero); any other factor needs JAX's 64-bit
+mode, and without it `GradScalerError` is raised instead of a scale that drifts from torch's.
+The gradients themselves are unscaled by XLA's multiplication, as every other op computes.
 
 Example:
     ```python
