@@ -17,6 +17,7 @@
 | `sorting`       | sort/argsort/topk/unique/searchsorted                           |
 | `fft`           | torch.fft                                                       |
 | `collectives`   | torch.distributed functional collectives (JAX collectives)      |
+| `amp`           | gradient scaling (GradScaler's unscale and scale update)        |
 """
 
 import importlib
@@ -38,6 +39,7 @@ for _family in [
     "rnn",
     "sorting",
     "fft",
+    "amp",
     "prims",
     "collectives",
 ]:

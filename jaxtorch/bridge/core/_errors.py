@@ -307,3 +307,51 @@ class ControlFlowError(JaxtorchError):
         super().__init__(
             f"{where} {problem}: jaxtorch cannot run that as one control-flow op with torch's meaning. {fix}."
         )
+
+
+class GradScalerError(JaxtorchError):
+    """A `torch.amp.GradScaler` step jaxtorch cannot run with torch's meaning (a scale factor
+    float32 cannot hold without 64-bit mode, an optimizer state a compiled skip cannot keep).
+    The message names the problem and the way out."""
+
+    @classmethod
+    def inexact_factor(cls, name: str, value: float) -> GradScalerError:
+        """The error for a growth/backoff factor that float32 does not hold exactly (64-bit mode off).
+
+        **Example:** `GradScalerError.inexact_factor("growth_factor", 1.1)`.
+        """
+        return cls(
+            f"GradScaler's {name} {value!r} is not a float32 value, and torch multiplies the float32 scale by it "
+            "in float64 before rounding to float32; with JAX's 64-bit mode off that product cannot be formed, "
+            "and a float32 product would drift from torch's scale. Use a factor float32 holds exactly (a power "
+            "of two such as 2.0 or 0.5, or any `float(numpy.float32(f))`), or call "
+            "`jax.config.update('jax_enable_x64', True)` before creating arrays."
+        )
+
+    @classmethod
+    def not_program_state(cls) -> GradScalerError:
+        """The error for a scaler used under a JAX trace that is not an argument of the compiled function."""
+        return cls(
+            "A torch.amp.GradScaler scales a traced loss (inside jaxtorch.jit / jaxtorch.compile, or another JAX "
+            "trace), but the scaler is not an argument of the compiled function (it is a global, a closure "
+            "variable or an attribute): its scale and growth tracker would be read and written once, when the "
+            "function is traced, and the traced values would leak. Pass the scaler as an argument "
+            "(`train_step(model, opt, scaler, x, y)`): its scale and growth tracker are then program state, "
+            "read at every call and written back after it."
+        )
+
+    @classmethod
+    def lazy_optimizer_state(cls, optimizer: str, keys: list[str]) -> GradScalerError:
+        """The error for a compiled step whose optimizer creates state (or changes non-tensor state).
+
+        **Example:** `GradScalerError.lazy_optimizer_state("Adam", ["exp_avg", "step"])`.
+        """
+        return cls(
+            f"GradScaler.step({optimizer}) runs under a JAX trace (jaxtorch.jit / jaxtorch.compile), where "
+            "whether the step is skipped (an inf/NaN gradient) is known only when the program runs, so the "
+            "step is taken and then undone (`where(found_inf, before, after)`) on the parameters and the "
+            f"optimizer state. But this step creates optimizer state ({', '.join(keys)}) or changes non-tensor "
+            "state, which a skipped step would have left absent or unchanged, and which a compiled program cannot "
+            "undo. Take the first steps eagerly (outside the compiled function) until `opt.state` holds tensor "
+            "state for every parameter (the first step GradScaler did not skip), then call the compiled step."
+        )

@@ -451,6 +451,8 @@ def _make_mutating_runner(func, compute: Callable, mutated):
 
         return run_one
 
+    single = _single_aliased_return(func, positions)
+
     def run(ex: Executor, args, kwargs):
         result = compute(ex, args, kwargs)
         targets = []
@@ -460,9 +462,26 @@ def _make_mutating_runner(func, compute: Callable, mutated):
         results = result if isinstance(result, (list, tuple)) and len(targets) > 1 else (result,)
         for t, r in zip(targets, results):
             write_result(t, r)
-        return None if void else tuple(targets)
+        if void:
+            return None
+        return tuple(targets) if single is None else targets[single]
 
     return run
+
+
+def _single_aliased_return(func, positions) -> int | None:
+    """For an op writing several arguments but returning one of them (`_amp_update_scale_` returns
+    `self`, `Tensor(a!)`), the index among `positions` of the argument returned; else None."""
+    rets = func._schema.returns
+    if len(rets) != 1 or rets[0].alias_info is None:
+        return None
+    sets = rets[0].alias_info.before_set
+    args = func._schema.arguments
+    for k, (i, _, _) in enumerate(positions):
+        info = args[i].alias_info
+        if info is not None and info.before_set == sets:
+            return k
+    return None
 
 
 def _make_decomp_runner(func, decomp):
@@ -1051,8 +1070,8 @@ FACTORY_KERNELS = _register_factory_kernels()
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
 
-# torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations
-# torch.cond / while_loop / scan / map on the jax device
-from . import _autocast, _checkpointing, _control_flow, _custom_function, _hooks  # noqa: E402, F401
+# torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations;
+# torch.cond / while_loop / scan / map on the jax device; torch.amp.GradScaler on the jax device
+from . import _autocast, _checkpointing, _control_flow, _custom_function, _grad_scaler, _hooks  # noqa: E402, F401
 
 _control_flow.install(JaxDispatchMode)
