@@ -7,7 +7,7 @@ set -u
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__)"
-echo "## gpu_issue31.py"; timeout 200 python3 benchmarks/gpu_issue31.py
+echo "## gpu_issue31.py"; timeout 170 python3 benchmarks/gpu_issue31.py
 echo "## new tests, JAX on the GPU"
-JAX_PLATFORMS=cuda timeout 170 python3 -m pytest -q -x -p no:cacheprovider -n 4 \
+JAX_PLATFORMS=cuda timeout 130 python3 -m pytest -q -x -p no:cacheprovider -n 4 \
   tests/train/test_grad_scaler.py tests/interop/test_control_flow.py 2>&1 | tail -25
