@@ -50,7 +50,7 @@ def _concrete_shapes(tree: Any, what: str) -> Any:
     """
     for leaf in jax.tree_util.tree_leaves(tree):
         shape = getattr(leaf, "shape", ())
-        if not all(jax.core.is_constant_dim(d) for d in shape):
+        if not all(isinstance(d, (int, np.integer)) for d in shape):  # (jax.core.is_constant_dim: gone in JAX 0.11)
             raise JaxtorchError(
                 f"{what} got an array of symbolic shape {tuple(str(d) for d in shape)} (jax.export.symbolic_shape): "
                 "torch code needs concrete sizes. To export with a symbolic batch dimension use "
