@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import operator
 from collections.abc import Callable, Mapping
@@ -33,7 +34,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ...ops import registry
-from ..core._autodiff import stop_gradient
+from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype
 from ..core._errors import ExportedInputError, ExportedProgramError, UnsupportedOpError
 from ..core._precision import matmul_precision
@@ -48,10 +49,12 @@ aten = torch.ops.aten
 
 
 # ---- marking what torch's decomposition forgets --------------------------------------------
+# `run_decompositions` inlines `torch.no_grad()` regions and turns `.detach()` into `alias`: two
+# custom ops, which it keeps, carry torch's gradient cuts through it (`core._autodiff`).
 @torch.library.custom_op("jaxtorch::stop_gradient", mutates_args=())
 def _stop_gradient_mark(x: torch.Tensor) -> torch.Tensor:
-    """A value torch does not differentiate (a `no_grad` region's input, a `.detach()`): an
-    identity op that `run_decompositions` keeps, lowered to `lax.stop_gradient`."""
+    """A value torch does not differentiate (a `no_grad` region's result, a `.detach()`), lowered
+    to `lax.stop_gradient`."""
     return x.clone()
 
 
@@ -60,48 +63,150 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-_MARK = torch.ops.jaxtorch.stop_gradient.default
+@torch.library.custom_op("jaxtorch::keep_tangent", mutates_args=())
+def _keep_tangent_mark(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """A tensor written in place under `no_grad`: `new`'s values, `old`'s place in the graph
+    (`core._autodiff.keep_tangent`)."""
+    return new.clone()
+
+
+@_keep_tangent_mark.register_fake
+def _(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(new)
+
+
+_STOP = torch.ops.jaxtorch.stop_gradient.default
+_KEEP = torch.ops.jaxtorch.keep_tangent.default
 _GRAD_REGION = torch.ops.higher_order.wrap_with_set_grad_enabled
 
 
-def _mark_graph(gm: torch.fx.GraphModule) -> None:
-    """In place: each `.detach()` of `gm` becomes the stop-gradient mark, and each input of a
-    `torch.no_grad()` region (`wrap_with_set_grad_enabled(False, body, *args)`) is marked inside
-    its body, so everything the region computes is a constant to JAX's differentiation, as to torch's.
+def _args_of(node: torch.fx.Node) -> list[tuple[Any, Any]]:
+    """`(schema argument, value)` pairs of an ATen call."""
+    schema = node.target._schema
+    pairs = list(zip(schema.arguments, node.args, strict=False))
+    by_name = {a.name: a for a in schema.arguments}
+    pairs += [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
+    return pairs
+
+
+def _written_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensors an ATen call writes in place (`Tensor(a!)` arguments)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    out = []
+    for arg, value in _args_of(node):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, torch.fx.Node)]
+    return out
+
+
+def _is_written(node: torch.fx.Node) -> bool:
+    """Whether an op writes `node` in place, itself or through a view of it."""
+    for user in node.users:
+        if node in _written_args(user):
+            return True
+        if isinstance(user.target, torch._ops.OpOverload) and any(
+            value is node and arg.alias_info is not None for arg, value in _args_of(user)
+        ):
+            if _is_written(user):  # (a view of `node`)
+                return True
+    return False
+
+
+def _refuse_write(node: torch.fx.Node, what: str) -> None:
+    if _is_written(node):
+        raise ExportedProgramError(
+            f"jaxtorch.from_exported: the program writes in place to {what} (`{node.name}`), which shares "
+            "memory with the tensor it came from in torch. Write to a `.clone()` instead, and export again."
+        )
+
+
+def _mark_graph(gm: torch.fx.GraphModule, outputs: dict[str, str]) -> None:
+    """In place: each `.detach()` of `gm` becomes a stop-gradient mark, each tensor a
+    `torch.no_grad()` region (`wrap_with_set_grad_enabled(False, body, *args)`) computes is marked
+    where it is used, and each in-place write in such a region keeps the written tensor's tangent.
+    `outputs` receives `{old name: new name}` of marked graph outputs (for the signature).
     (torch.export hoists an `enable_grad()` nested in `no_grad()` out of the region.)"""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
         if node.target is aten.detach.default:
-            node.target = _MARK
+            _refuse_write(node, "a `.detach()`ed tensor")
+            node.target = _STOP
         elif node.target is _GRAD_REGION:
             body = getattr(gm, node.args[1].target)
             if node.args[0] is False:
-                _mark_inputs(body)
-            _mark_graph(body)  # (nested regions)
+                returned = next(n for n in body.graph.nodes if n.op == "output").args[0]
+                for result in list(node.users):
+                    if result.target is not operator.getitem or _same_tensor(returned[result.args[1]]):
+                        continue  # an outer tensor the region wrote in place (see `_keep_tangents`) or passed on
+                    if isinstance(result.meta.get("val"), torch.Tensor):
+                        _refuse_write(result, "a result of a `torch.no_grad()` region")
+                        _mark_after(gm.graph, result, _STOP, (result,), outputs)
+                _keep_tangents(body)
+            _mark_graph(body, {})  # (nested regions)
     gm.recompile()
 
 
-def _mark_inputs(body: torch.fx.GraphModule) -> None:
-    for ph in [n for n in body.graph.nodes if n.op == "placeholder"]:
-        if not isinstance(ph.meta.get("val"), torch.Tensor):
-            continue
-        users = list(ph.users)
-        with body.graph.inserting_after(ph):
-            marked = body.graph.call_function(_MARK, (ph,))
-        marked.meta["val"] = ph.meta["val"]
-        for user in users:
-            user.replace_input_with(ph, marked)
+def _same_tensor(node) -> bool:
+    """Whether a region's result is a tensor from outside it (a placeholder), or one written in place."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if node.op == "placeholder":
+        return True
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+        return False
+    alias = target._schema.returns[0].alias_info
+    return alias is not None and alias.is_write
+
+
+def _mark_after(graph: torch.fx.Graph, node: torch.fx.Node, op, args: tuple, outputs: dict[str, str]):
+    """Insert `op(*args)` after `node` and make it what every later use of `node` reads."""
+    users = list(node.users)
+    with graph.inserting_after(node):
+        marked = graph.call_function(op, args)
+    marked.meta["val"] = node.meta["val"]
+    for user in users:
+        user.replace_input_with(node, marked)
+        if user.op == "output":
+            outputs[node.name] = marked.name
+    return marked
+
+
+def _keep_tangents(body: torch.fx.GraphModule) -> None:
+    """Each in-place write of the `no_grad` region `body` is one torch does not record: the written
+    tensor keeps its tangent (`old = clone(t); write t; t.copy_(keep_tangent(t, old))`)."""
+    graph = body.graph
+    for node in list(graph.nodes):
+        for t in _written_args(node):
+            val = t.meta.get("val")
+            if not (isinstance(val, torch.Tensor) and (val.is_floating_point() or val.is_complex())):
+                continue
+            with graph.inserting_before(node):
+                old = graph.call_function(aten.clone.default, (t,))
+            old.meta["val"] = val
+            with graph.inserting_after(node):
+                kept = graph.call_function(_KEEP, (t, old))
+            kept.meta["val"] = val
+            with graph.inserting_after(kept):
+                graph.call_function(aten.copy_.default, (t, kept)).meta["val"] = val
+    body.recompile()
 
 
 def _marked(ep: ExportedProgram) -> ExportedProgram:
     """A copy of `ep` (the graph only; tensors shared) with its gradient cuts marked (`_mark_graph`)."""
     gm = copy.deepcopy(ep.graph_module)
-    _mark_graph(gm)
+    signature = copy.deepcopy(ep.graph_signature)
+    renamed: dict[str, str] = {}
+    _mark_graph(gm, renamed)
+    for spec in signature.output_specs:
+        if getattr(spec.arg, "name", None) in renamed:
+            spec.arg.name = renamed[spec.arg.name]
     return ExportedProgram(
         root=gm,
         graph=gm.graph,
-        graph_signature=copy.deepcopy(ep.graph_signature),
+        graph_signature=signature,
         state_dict=ep.state_dict,
         range_constraints=ep.range_constraints,
         module_call_graph=copy.deepcopy(ep.module_call_graph),
@@ -138,7 +243,9 @@ def _sym_numel(x):
 
 
 def _assert_scalar(cond, msg=""):
-    if cond is False or (not jax.export.is_symbolic_dim(cond) and isinstance(cond, bool) and not cond):
+    """torch's runtime check of sizes: refused when it is known false; a check of symbolic sizes
+    (unknown here) was proven by torch within the program's ranges, which `jax.export` checks."""
+    if cond is False:
         raise ExportedInputError(f"jaxtorch: the exported program's runtime check failed: {msg}")
 
 
@@ -147,7 +254,8 @@ def _ignore(*args, **kwargs):
 
 
 _OWN: dict[Any, Callable] = {
-    _MARK: stop_gradient,
+    _STOP: stop_gradient,
+    _KEEP: keep_tangent,
     aten.detach.default: stop_gradient,  # (a program decomposed before: its detaches as they are left)
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
@@ -190,12 +298,20 @@ _SIZE_FUNCTIONS = {
 }
 
 
+def _size_function(fn: Callable, *args):
+    """`fn` of sizes; None (unknown) where symbolic sizes cannot decide it (`s0 == s1`)."""
+    try:
+        return fn(*args)
+    except jax.errors.InconclusiveDimensionOperation:
+        return None
+
+
 def _runner(target) -> Callable | None:
     """The function a graph node's target runs on JAX values; None if there is none."""
     if target in _OWN:
         return _OWN[target]
     if target in _SIZE_FUNCTIONS:
-        return target
+        return functools.partial(_size_function, target)
     if isinstance(target, torch._ops.OpOverload):
         lowering = registry.lookup(target)
         if lowering is None:
@@ -280,8 +396,9 @@ def _jax_dtype(dtype: torch.dtype, shape) -> Any:
 
 
 def _check_program(gm: torch.fx.GraphModule, inputs: set) -> None:
-    """Refuse what the walk cannot run, all at once: higher-order ops, data-dependent sizes,
-    ops without a lowering (`UnsupportedOpError` naming every one)."""
+    """Refuse what the walk cannot run, all at once: higher-order ops, data-dependent sizes and
+    values (sizes not made of the input sizes' symbols `inputs`), ops without a lowering
+    (`UnsupportedOpError` naming every one)."""
     missing: list = []
     higher: list[str] = []
     for node in gm.graph.nodes:
@@ -290,28 +407,33 @@ def _check_program(gm: torch.fx.GraphModule, inputs: set) -> None:
         if node.op != "call_function":
             continue
         extra = _free_symbols(node.meta.get("val")) - inputs
-        if extra:
+        if extra or _data_dependent(node.target):
             raise ExportedProgramError(
-                f"jaxtorch.from_exported: `{node.name}` ({node.target}) has a size that depends on the data "
-                f"({sorted(map(str, extra))}: `nonzero`, boolean-mask indexing, `.item()`...), which a JAX "
-                "program cannot have. Rewrite it with a static size (`torch.where(mask, x, 0)` instead of "
-                "`x[mask]`) and export again."
+                f"jaxtorch.from_exported: `{node.name}` ({node.target}) gives a size or a Python value that depends "
+                f"on the data{f' ({sorted(map(str, extra))})' if extra else ''}: `nonzero`, boolean-mask indexing, "
+                "`.item()`..., which a JAX program cannot have. Rewrite it with static sizes "
+                "(`torch.where(mask, x, 0)` instead of `x[mask]`, tensor ops instead of `.item()`) and export again."
             )
         if isinstance(node.target, torch._ops.HigherOrderOperator):
-            higher.append(f"`{node.target.name()}`")
+            higher.insert(0, f"`{node.target.name()}`")
         elif _runner(node.target) is None and node.target not in missing:
             missing.append(node.target)
     if higher:
         raise ExportedProgramError(
             "jaxtorch.from_exported: the program has higher-order ops in its graph, which it does not run: "
-            + ", ".join(sorted(set(higher)))
+            + higher[0]
             + ". Export the model without them (a Python `if` instead of `torch.cond`, a loop instead of "
             "`torch.map`, no `torch.autocast` region), or use `jaxtorch.extract(model)`."
         )
     if missing:
-        names = ", ".join(f"`{getattr(op, '__name__', op)}`" for op in missing)
-        detail = f"the exported program needs {len(missing)} op(s) without one: {names}"
-        raise UnsupportedOpError(missing[0], detail)
+        names = ", ".join(f"`{op}`" for op in missing)
+        raise UnsupportedOpError(missing[0], f"the exported program needs {len(missing)} op(s) without one: {names}")
+
+
+def _data_dependent(target) -> bool:
+    return target is aten._local_scalar_dense.default or (
+        isinstance(target, torch._ops.OpOverload) and registry.is_flagged(target, registry.DATA_DEPENDENT)
+    )
 
 
 def _check_outputs(ep: ExportedProgram, mutable: bool) -> None:
@@ -455,7 +577,7 @@ class ExportedFunction:
         in_spec = program.call_spec.in_spec
         self._in_spec = in_spec
         self._out_spec = program.call_spec.out_spec
-        _check_program(self._gm, {s for e in program.range_constraints for s in e.free_symbols})
+        _check_program(self._gm, _free_symbols([val for val, _ in self._user]))
         specs = [j for _, j in self._user]
         args, kwargs = torch_pytree.tree_unflatten(specs, in_spec) if in_spec is not None else ((), {})
         self.input_specs: tuple = tuple(args)
@@ -519,7 +641,7 @@ class ExportedFunction:
     def _user_inputs(self, args: tuple, kwargs: dict) -> list:
         """The user arguments, flattened as the program takes them, each checked against its spec."""
         if self._in_spec is not None and self._in_spec.num_children == 2:
-            names = self._in_spec.children_specs[1].context or []
+            names = self._in_spec.child(1).context or []
             if set(kwargs) != set(names):
                 raise ExportedInputError(
                     f"jaxtorch: the exported program takes the keyword arguments {sorted(names)}; got {sorted(kwargs)}"
@@ -607,7 +729,7 @@ def _rebuild(spec: torch_pytree.TreeSpec, leaves) -> Any:
     which a JAX array of symbolic size cannot be."""
     if spec.is_leaf():
         return next(leaves)
-    children = [_rebuild(c, leaves) for c in spec.children_specs]
+    children = [_rebuild(c, leaves) for c in spec.children()]
     if any(c.__name__ == "ModelOutput" for c in spec.type.__mro__):
         out = spec.type(**{k: torch.empty(0) for k in spec.context})
         for k, v in zip(spec.context, children, strict=True):
