@@ -121,11 +121,10 @@ def _refuse_write(node: torch.fx.Node, what: str) -> None:
         )
 
 
-def _mark_graph(gm: torch.fx.GraphModule, outputs: dict[str, str]) -> None:
+def _mark_graph(gm: torch.fx.GraphModule) -> None:
     """In place: each `.detach()` of `gm` becomes a stop-gradient mark, each tensor a
     `torch.no_grad()` region (`wrap_with_set_grad_enabled(False, body, *args)`) computes is marked
     where it is used, and each in-place write in such a region keeps the written tensor's tangent.
-    `outputs` receives `{old name: new name}` of marked graph outputs (for the signature).
     (torch.export hoists an `enable_grad()` nested in `no_grad()` out of the region.)"""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -142,9 +141,9 @@ def _mark_graph(gm: torch.fx.GraphModule, outputs: dict[str, str]) -> None:
                         continue  # an outer tensor the region wrote in place (see `_keep_tangents`) or passed on
                     if isinstance(result.meta.get("val"), torch.Tensor):
                         _refuse_write(result, "a result of a `torch.no_grad()` region")
-                        _mark_after(gm.graph, result, _STOP, (result,), outputs)
+                        _mark_after(gm.graph, result, _STOP, (result,))
                 _keep_tangents(body)
-            _mark_graph(body, {})  # (nested regions)
+            _mark_graph(body)  # (nested regions)
     gm.recompile()
 
 
@@ -161,7 +160,7 @@ def _same_tensor(node) -> bool:
     return alias is not None and alias.is_write
 
 
-def _mark_after(graph: torch.fx.Graph, node: torch.fx.Node, op, args: tuple, outputs: dict[str, str]):
+def _mark_after(graph: torch.fx.Graph, node: torch.fx.Node, op, args: tuple) -> torch.fx.Node:
     """Insert `op(*args)` after `node` and make it what every later use of `node` reads."""
     users = list(node.users)
     with graph.inserting_after(node):
@@ -169,8 +168,6 @@ def _mark_after(graph: torch.fx.Graph, node: torch.fx.Node, op, args: tuple, out
     marked.meta["val"] = node.meta["val"]
     for user in users:
         user.replace_input_with(node, marked)
-        if user.op == "output":
-            outputs[node.name] = marked.name
     return marked
 
 
@@ -196,13 +193,15 @@ def _keep_tangents(body: torch.fx.GraphModule) -> None:
 
 def _marked(ep: ExportedProgram) -> ExportedProgram:
     """A copy of `ep` (the graph only; tensors shared) with its gradient cuts marked (`_mark_graph`)."""
-    gm = copy.deepcopy(ep.graph_module)
+    gm = copy.deepcopy(ep.graph_module)  # (which may rename nodes: `input` becomes `input_1`)
+    _mark_graph(gm)
     signature = copy.deepcopy(ep.graph_signature)
-    renamed: dict[str, str] = {}
-    _mark_graph(gm, renamed)
-    for spec in signature.output_specs:
-        if getattr(spec.arg, "name", None) in renamed:
-            spec.arg.name = renamed[spec.arg.name]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    for specs, nodes in ((signature.input_specs, placeholders), (signature.output_specs, outputs)):
+        for spec, node in zip(specs, nodes, strict=True):
+            if isinstance(node, torch.fx.Node) and hasattr(spec.arg, "name"):
+                spec.arg.name = node.name
     return ExportedProgram(
         root=gm,
         graph=gm.graph,
@@ -658,9 +657,14 @@ class ExportedFunction:
             if isinstance(val, torch.Tensor):
                 self._check_array(i, leaf, val, jspec, bindings)
             elif not (leaf is val or (type(leaf) is type(val) and leaf == val)):
+                traced = isinstance(leaf, jax.core.Tracer)
                 raise ExportedInputError(
-                    f"jaxtorch: argument {i} is {leaf!r}; the program was exported with {val!r}, a constant of it "
-                    "(export again with that value)"
+                    f"jaxtorch: argument {i} is {leaf!r}; the program was exported with {val!r}, a constant of it: "
+                    + (
+                        "under jax.jit give it as a Python value (close over it, or `static_argnames`)"
+                        if traced
+                        else "export again with that value"
+                    )
                 )
         self._check_ranges(bindings)
         return leaves
