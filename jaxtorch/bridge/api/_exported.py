@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import operator
 from collections.abc import Callable, Mapping
@@ -226,7 +225,7 @@ def _decomposed(ep: ExportedProgram) -> ExportedProgram:
 
 # ---- the ops the walk runs itself ------------------------------------------------------------
 def _to_copy(x, dtype=None, **_):
-    return x.astype(to_jax_dtype(dtype)) if dtype is not None else x
+    return x.astype(_jax_dtype(dtype, x.shape)) if dtype is not None else x
 
 
 def _copy(dst, src, non_blocking=False):
@@ -297,20 +296,12 @@ _SIZE_FUNCTIONS = {
 }
 
 
-def _size_function(fn: Callable, *args):
-    """`fn` of sizes; None (unknown) where symbolic sizes cannot decide it (`s0 == s1`)."""
-    try:
-        return fn(*args)
-    except jax.errors.InconclusiveDimensionOperation:
-        return None
-
-
 def _runner(target) -> Callable | None:
     """The function a graph node's target runs on JAX values; None if there is none."""
     if target in _OWN:
         return _OWN[target]
     if target in _SIZE_FUNCTIONS:
-        return functools.partial(_size_function, target)
+        return target
     if isinstance(target, torch._ops.OpOverload):
         lowering = registry.lookup(target)
         if lowering is None:
@@ -577,6 +568,7 @@ class ExportedFunction:
         self._in_spec = in_spec
         self._out_spec = program.call_spec.out_spec
         _check_program(self._gm, _free_symbols([val for val, _ in self._user]))
+        self._plan = _plan(self._gm.graph)
         specs = [j for _, j in self._user]
         args, kwargs = torch_pytree.tree_unflatten(specs, in_spec) if in_spec is not None else ((), {})
         self.input_specs: tuple = tuple(args)
@@ -620,7 +612,7 @@ class ExportedFunction:
             else:
                 values.append(self._constants[key])
         with key_scope(rng), matmul_precision():
-            outs = _walk(self._gm.graph, values)
+            outs = _walk(self._plan, values)
         user: list = []
         new_state = dict(state)
         for node, value in zip(self._output_nodes(), outs, strict=True):
@@ -742,26 +734,46 @@ def _rebuild(spec: torch_pytree.TreeSpec, leaves) -> Any:
     return torch_pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
 
 
-def _walk(graph: torch.fx.Graph, inputs: list) -> list:
-    """Run `graph` on JAX values: `inputs` for its placeholders, in order; its outputs, flattened."""
+def _plan(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, Callable | None]]:
+    """Each node of `graph` with the function it runs (`_runner`; None for placeholders and output),
+    looked up once (`_check_program` refused nodes without one)."""
+    return [(n, _runner(n.target) if n.op == "call_function" else None) for n in graph.nodes]
+
+
+def _walk(plan: list[tuple[torch.fx.Node, Callable | None]], inputs: list) -> list:
+    """Run a graph's `plan` on JAX values: `inputs` for its placeholders, in order; its outputs, flattened."""
     env: dict[torch.fx.Node, Any] = {}
     it = iter(inputs)
 
     def value(a):
         return env[a] if isinstance(a, torch.fx.Node) else a
 
-    for node in graph.nodes:
+    for node, run in plan:
         if node.op == "placeholder":
             env[node] = next(it)
-        elif node.op == "call_function":
-            run = _runner(node.target)
-            assert run is not None  # (`_check_program` refused the rest)
+        elif run is not None:
             args = torch.fx.node.map_aggregate(node.args, value)
             kwargs = torch.fx.node.map_aggregate(node.kwargs, value)
-            env[node] = _conform(run(*args, **kwargs), node.meta.get("val"), node)
+            try:
+                out = run(*args, **kwargs)
+            except jax.errors.InconclusiveDimensionOperation:
+                out = _undecided(node)
+            env[node] = _conform(out, node.meta.get("val"), node)
         elif node.op == "output":
             return [value(a) for a in node.args[0]]
     raise ExportedProgramError("jaxtorch.from_exported: the program's graph has no output")
+
+
+def _undecided(node: torch.fx.Node) -> None:
+    """A comparison of symbolic sizes JAX cannot decide for every size in range (`s0 == s1`): fine
+    (None) where only torch's runtime checks read it, which torch proved within the program's ranges."""
+    if node.users and all(u.target is aten._assert_scalar.default for u in node.users):
+        return None
+    raise ExportedProgramError(
+        f"jaxtorch.from_exported: `{node.name}` ({node.target}) compares dynamic sizes in a way that depends on "
+        "their values, which one JAX program for every size in range cannot. Call the function with concrete "
+        "shapes (jax.jit), or export the model with those sizes related by one `torch.export.Dim`."
+    )
 
 
 def _conform(out, val, node) -> Any:
