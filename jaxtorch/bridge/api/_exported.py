@@ -81,7 +81,8 @@ _GRAD_REGION = torch.ops.higher_order.wrap_with_set_grad_enabled
 
 def _args_of(node: torch.fx.Node) -> list[tuple[Any, Any]]:
     """`(schema argument, value)` pairs of an ATen call."""
-    schema = node.target._schema
+    op: Any = node.target
+    schema = op._schema
     pairs = list(zip(schema.arguments, node.args, strict=False))
     by_name = {a.name: a for a in schema.arguments}
     pairs += [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
@@ -760,11 +761,12 @@ def _walk(plan: list[tuple[torch.fx.Node, Callable | None]], inputs: list) -> li
                 out = _undecided(node)
             env[node] = _conform(out, node.meta.get("val"), node)
         elif node.op == "output":
-            return [value(a) for a in node.args[0]]
+            results: Any = node.args[0]
+            return [value(a) for a in results]
     raise ExportedProgramError("jaxtorch.from_exported: the program's graph has no output")
 
 
-def _undecided(node: torch.fx.Node) -> None:
+def _undecided(node: torch.fx.Node) -> Any:
     """A comparison of symbolic sizes JAX cannot decide for every size in range (`s0 == s1`): fine
     (None) where only torch's runtime checks read it, which torch proved within the program's ranges."""
     if node.users and all(u.target is aten._assert_scalar.default for u in node.users):
