@@ -193,6 +193,25 @@ def test_batchnorm_train_through_jax_export(mlp_train):
         np.testing.assert_allclose(np.asarray(state["bn.running_var"]), twin.bn.running_var.numpy(), rtol=1e-6)
 
 
+def test_a_written_buffer_that_is_also_returned():
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("total", torch.zeros(2))
+
+        def forward(self, x):
+            self.total.add_(x)
+            return self.total, x * 2  # one graph node: the buffer's new value and a user output
+
+    model = Counter()
+    params, fn = jaxtorch.from_exported(export(model, (torch.ones(2),)), mutable=True)
+    (total, doubled), state = fn(params, jnp.array([1.0, 2.0]))
+    ref_total, ref_doubled = model(torch.tensor([1.0, 2.0]))
+    np.testing.assert_array_equal(np.asarray(total), ref_total.numpy())
+    np.testing.assert_array_equal(np.asarray(doubled), ref_doubled.numpy())
+    np.testing.assert_array_equal(np.asarray(state["total"]), model.total.numpy())
+
+
 def test_buffer_writes_need_mutable():
     torch.manual_seed(0)
     ep = export(_MLP().train(), (torch.randn(4, 6),))

@@ -562,9 +562,8 @@ class ExportedFunction:
         self._alias = {spec.target: first[id(t)] for spec, t in tensors}  # tied names -> the one kept
         self._params, self.state = params, state
         self._params_spec, self._state_spec = spec_of(params), spec_of(state)
-        self._writes = {
-            s.arg.name: s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION
-        }  # output node name -> buffer name
+        # per output, in order: the buffer it writes, or None for the user's outputs
+        self._writes = [s.target if s.kind == OutputKind.BUFFER_MUTATION else None for s in sig.output_specs]
         in_spec = program.call_spec.in_spec
         self._in_spec = in_spec
         self._out_spec = program.call_spec.out_spec
@@ -616,19 +615,14 @@ class ExportedFunction:
             outs = _walk(self._plan, values)
         user: list = []
         new_state = dict(state)
-        for node, value in zip(self._output_nodes(), outs, strict=True):
-            if node is not None and node.name in self._writes:
-                name = self._writes[node.name]
+        for name, value in zip(self._writes, outs, strict=True):
+            if name is not None:
                 new_state[self._alias.get(name, name)] = value
             else:
                 user.append(value)
         out = _rebuild(self._out_spec, iter(user))
         register_containers(out)  # (a Hugging Face ModelOutput becomes a JAX container)
         return (out, new_state) if self.mutable else out
-
-    def _output_nodes(self) -> list:
-        out = next(n for n in reversed(self._gm.graph.nodes) if n.op == "output")
-        return [a if isinstance(a, torch.fx.Node) else None for a in out.args[0]]
 
     def _user_inputs(self, args: tuple, kwargs: dict) -> list:
         """The user arguments, flattened as the program takes them, each checked against its spec."""
