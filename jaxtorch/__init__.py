@@ -18,7 +18,8 @@ records ops and runs each step as one cached XLA program at `jaxtorch.xla.mark_s
 torch.distributed: `dist.init_process_group("jax", ...)` and the functional collectives run as
 JAX collectives inside `jax.shard_map`/`jax.pmap` (`collectives_axis` names the mesh axes).
 Also: `checks()` (torch's IndexError/RuntimeError for out-of-range indices and integer
-division by zero, opt-in), `compile`/`jit` (torch-first jit), `export`, `register_op`, `register_object` (a
+division by zero, opt-in), `compile`/`jit` (torch-first jit), `export`, `from_exported` (a
+`torch.export.ExportedProgram` as `(params, fn)`), `register_op`, `register_object` (a
 class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the submodules
 `train` (optax steps, sharding, checkpoints), `generation` (compiled greedy decoding),
 `coverage` (which ops a model needs) and `xla` (torch_xla-style helpers).
@@ -27,6 +28,7 @@ class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the
 from . import coverage, generation, train, xla  # the public submodules
 from .bridge.api._compile import Compiled, compile, jit
 from .bridge.api._export import export
+from .bridge.api._exported import from_exported
 from .bridge.api._jax_first import TorchModule, call_torch, extract, torch_module_to_jax
 from .bridge.api._jax_module import JaxModule
 from .bridge.core._checks import checks
@@ -35,6 +37,8 @@ from .bridge.core._errors import (
     ControlFlowError,
     DataDependentError,
     DeviceMismatchError,
+    ExportedInputError,
+    ExportedProgramError,
     Float64Error,
     GeneratorUnderTraceError,
     GradScalerError,
@@ -76,6 +80,7 @@ __all__ = [
     "enable_globally",
     "export",
     "extract",
+    "from_exported",
     "jax_function_to_torch",
     "jax_view",
     "lazy",
@@ -95,6 +100,8 @@ __all__ = [
     "ControlFlowError",
     "DataDependentError",
     "DeviceMismatchError",
+    "ExportedInputError",
+    "ExportedProgramError",
     "Float64Error",
     "GeneratorUnderTraceError",
     "GradScalerError",

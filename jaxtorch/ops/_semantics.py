@@ -73,6 +73,17 @@ def is_array(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray))
 
 
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    """NumPy's broadcast shape, also of shapes with JAX symbolic dimensions (`jax.export`).
+
+    Example: `broadcast_shapes((2, 1), (3,))` is `(2, 3)`.
+    """
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except TypeError:  # a symbolic dimension: JAX's rule, which knows them
+        return tuple(jax.lax.broadcast_shapes(*shapes))
+
+
 def broadcast_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """NumPy-style broadcast of `x` to `shape` as one `lax.broadcast_in_dim`."""
     if x.shape == shape:
@@ -100,7 +111,7 @@ def binary(prim: Callable, fallback: Callable, a, b) -> jax.Array:
     if not (is_array(a) and is_array(b)) or a.dtype != b.dtype:
         return fallback(a, b)
     if a.shape != b.shape:
-        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        shape = broadcast_shapes(a.shape, b.shape)
         a, b = broadcast_to(a, shape), broadcast_to(b, shape)
     return prim(a, b)
 

@@ -216,9 +216,11 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
 
     **Example:** `torch.arange(0, 1, 0.25)` is `[0., 0.25, 0.5, 0.75]`.
     """
-    start, end, step = _as_number(start), (None if end is None else _as_number(end)), _as_number(step)
     if end is None:
         start, end = 0, start
+    if any(jax.export.is_symbolic_dim(v) for v in (start, end, step)):
+        return _symbolic_arange(start, end, step, dtype)
+    start, end, step = _as_number(start), _as_number(end), _as_number(step)
     _check_range(start, end, step)
     integer_args = all(isinstance(v, int) for v in (start, end, step))
     dtype = np.dtype(dtype) if dtype is not None else scalar_dtype(start, end, step)
@@ -241,6 +243,20 @@ def arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_me
         return (start + step * index).astype(dtype)
     compute = jnp.promote_types(dtype, np.float32)  # half types computed in float32, as ATen's acc type
     return (start + step * index.astype(compute)).astype(dtype)
+
+
+def _symbolic_arange(start, end, step, dtype):
+    """`arange` whose bounds are JAX symbolic sizes (a program of `jax.export` with a dynamic size):
+    integer bounds and a concrete integer step, as torch's own sizes are.
+
+    Example: `_symbolic_arange(0, jax.export.symbolic_shape("n")[0], 1, None)` has length `n`.
+    """
+    bounds = (start, end)
+    if type(step) is not int or step == 0 or not all(type(v) is int or jax.export.is_symbolic_dim(v) for v in bounds):
+        raise TypeError(f"jaxtorch: torch.arange({start}, {end}, {step}) of symbolic sizes needs integers, step != 0")
+    length = (end - start + step - (1 if step > 0 else -1)) // step
+    index = lax.iota(canonical_int(), length) * step + start
+    return index.astype(np.dtype(dtype) if dtype is not None else canonical_int())
 
 
 @register(aten.range.step, aten.range.default)

@@ -166,6 +166,20 @@ class HookUnderTraceError(JaxtorchError):
     """A backward hook jaxtorch cannot honour under a JAX transformation (it names the hook and the way out)."""
 
 
+class ExportedProgramError(JaxtorchError):
+    """A `torch.export.ExportedProgram` that `jaxtorch.from_exported` cannot turn into a pure JAX
+    function: it writes its buffers (without `mutable=True`), its parameters or its inputs, has
+    data-dependent sizes, side-effect tokens, custom objects, or higher-order ops (`torch.cond`,
+    `torch.map`, ...) left in its graph. The message names what was found and the way out."""
+
+
+class ExportedInputError(JaxtorchError, ValueError):
+    """The arguments given to a function from `jaxtorch.from_exported` do not fit the program:
+    another structure, a dtype or rank that differs, a static size that differs, a dynamic size
+    outside the program's range (`torch.export.Dim(min=, max=)`), or a symbolic size that is not
+    the function's own (`fn.input_specs`). The message names the input and what it should be."""
+
+
 class StateWriteError(JaxtorchError):
     """A write jaxtorch cannot carry out, raised instead of losing it.
 
