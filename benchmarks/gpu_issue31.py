@@ -2,9 +2,10 @@
 
 1. fp16 loss scaling: the same small model trained with `torch.amp.GradScaler` and fp16 autocast on
    torch's own CUDA (a subprocess that never imports jaxtorch: torch allows one accelerator per
-   process) and on the jax device backed by the GPU, eagerly and under `jaxtorch.jit`, with an inf
-   gradient injected at two steps (the first step eager: SGD's momentum is created there): the scale sequences and skipped steps must be equal, the
-   parameters close (fp16 products differ between cuBLAS and XLA).
+   process) and on the jax device backed by the GPU, eagerly and under `jaxtorch.jit` (its first
+   step eager: SGD's momentum is created there), with an inf gradient injected at two steps: the
+   scale sequences and skipped steps must be equal, the parameters close (fp16 products differ
+   between cuBLAS and XLA).
 2. The float32 reciprocal GradScaler uses (`jaxtorch.ops.amp.f32_reciprocal`, int32 arithmetic) on
    the GPU against numpy's correctly rounded `float32(1 / float64(x))`, over every positive normal
    float32 whose reciprocal is normal, and XLA's own f32 division for comparison.
