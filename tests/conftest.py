@@ -30,12 +30,45 @@ _EVERY: dict[str, int] = {
     "tests/grads/test_module_db.py": 12,
     "tests/ops/test_half_accumulation.py": 25,
     "tests/bridge/test_write_rule.py": 60,
-    "tests/adversarial/test_contracts.py": 12,
+    "tests/adversarial/test_contracts.py": 24,
     "tests/bridge/test_dtype_identity.py": 20,
+    "tests/bridge/test_factories_plain.py": 60,  # a fresh Python process per case
 }
 _EVERY_DEFAULT = 12
 # The same for tests without parameters, in the files where they are heavy; 1 (all kept) elsewhere.
-_EVERY_PLAIN: dict[str, int] = {}
+_EVERY_PLAIN: dict[str, int] = {
+    f"tests/{name}.py": 3
+    for name in (
+        "bridge/test_api",
+        "bridge/test_checkpointing",
+        "bridge/test_device_guard",
+        "bridge/test_errors",
+        "bridge/test_foreach",
+        "bridge/test_generators",
+        "bridge/test_lazy",
+        "bridge/test_safety",
+        "bridge/test_scopes",
+        "interop/test_compile_autograd",
+        "interop/test_compile_closures",
+        "interop/test_compile_export",
+        "interop/test_compile_state",
+        "interop/test_compile_train_step",
+        "interop/test_hf_caches",
+        "interop/test_jax_in_torch",
+        "interop/test_torch_in_jax",
+        "ops/test_linalg",
+        "ops/test_losses_extra",
+        "ops/test_nn",
+        "ops/test_reductions",
+        "ops/test_resampling",
+        "ops/test_rnn",
+        "ops/test_segment_hash_hist_split",
+        "ops/test_shape_indexing",
+        "ops/test_special_grads",
+        "train/test_step",
+        "train/test_step_memory",
+    )
+}
 
 # Node-id prefixes of heavy tests (whole models, subprocesses, builds): in the full suite only, except that a
 # file all of whose tests are heavy still runs its first one in the fast tier.
@@ -49,6 +82,12 @@ _HEAVY: tuple[str, ...] = (
     "tests/train/test_sharding.py::test_on_eight_devices",
     "tests/train/test_sharding.py::test_llama_tensor_parallel",
     "tests/test_readme.py::test_readme_block_runs_as_written",
+    "tests/train/test_load.py::test_two_processes_each_read_their_half",
+    "tests/train/test_load.py::test_tensor_parallel_on_8_devices",
+    "tests/train/test_load.py::test_sharding_rule_that_does_not_divide",
+    "tests/bridge/test_device_guard.py::test_first_import_compiles_once_under_concurrent_imports",
+    "tests/bridge/test_device_guard.py::test_without_a_compiler",
+    "tests/ops/test_rnn.py::test_pytorch_first",
 )
 
 # Files whose single tests are the longest of the suite, run first in any run (their order among themselves
@@ -64,6 +103,7 @@ _LONG_FIRST: tuple[str, ...] = (
     "tests/test_packaging.py",
     "tests/train/test_example.py",
     "tests/test_readme.py",
+    "tests/train/test_load.py",
 )
 
 # Sample inputs per entry in the fast tier (the full suite checks 4): test file -> N_SAMPLES of its `harness`.
