@@ -88,6 +88,7 @@ _HEAVY: tuple[str, ...] = (
     "tests/bridge/test_device_guard.py::test_first_import_compiles_once_under_concurrent_imports",
     "tests/bridge/test_device_guard.py::test_without_a_compiler",
     "tests/ops/test_rnn.py::test_pytorch_first",
+    "tests/bridge/test_checkpointing.py::test_hf_gradient_checkpointing",
 )
 
 # Files whose single tests are the longest of the suite, run first in any run (their order among themselves
