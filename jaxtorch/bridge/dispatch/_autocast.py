@@ -161,9 +161,10 @@ def cpu_policies() -> dict[str, str | None]:
 
 
 # Recurrent ops, which jaxtorch runs whole (`ops/rnn.py`) where CPU torch decomposes them into
-# ops of the lists above (`mkldnn_rnn_layer`, `linear`): those casts decide their results'
-# dtypes on the CPU (torch 2.13): RNN layers and cells and unprojected LSTM layers give the
-# autocast dtype; GRU, LSTM cells and packed LSTMs give float32 (as they do here unchanged).
+# ops of the lists above (`mkldnn_rnn_layer`, `linear`): those casts decide their results' dtypes
+# on the CPU (torch 2.13 and 2.14; tests/adversarial/cases_io.py compares each with CPU torch): RNN
+# layers and cells and unprojected LSTM layers give the autocast dtype; GRU, LSTM cells and packed
+# LSTMs give float32 (as they do here unchanged).
 RECURRENT_LOWER: tuple[str, ...] = (
     "rnn_tanh.input",
     "rnn_tanh.data",
