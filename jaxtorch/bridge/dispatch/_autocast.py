@@ -51,7 +51,7 @@ class _Probe(torch.Tensor):
 
     @staticmethod
     def __new__(cls, dtype: torch.dtype):
-        return torch.Tensor._make_wrapper_subclass(cls, (2, 2), dtype=dtype, device="cpu")
+        return torch.Tensor._make_wrapper_subclass(cls, (2, 2), dtype=dtype, device=torch.device("cpu"))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
