@@ -31,7 +31,7 @@ from jax.lax import linalg as lax_linalg
 from ..bridge.core._dtypes import canonical_int
 from ._accumulate import accumulation_dtype, is_half, opmath, round_to, upcast
 from ._semantics import binary, canon_dim, category, is_array, result_type, to_float, to_real
-from .registry import register
+from .registry import register, versioned
 
 aten = torch.ops.aten
 
@@ -357,7 +357,7 @@ def linalg_cholesky(a, *, upper=False):
     return _cholesky(a, upper)
 
 
-@register(aten.cholesky.default)
+@register(*versioned("cholesky.default"))  # gone in torch 2.14
 def cholesky(a, upper=False):
     return _cholesky(a, upper)
 

@@ -166,6 +166,37 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
     return register(op, data_dependent=data_dependent, random=random)(jax_impl)
 
 
+# ---- ops that exist only in some torch releases -----------------------------------------------
+# `name.overload` -> the torch releases it was checked in. A lowering of such an op names it through
+# `versioned(...)`, which yields only what the installed torch has, so `import jaxtorch` works on every
+# supported release (torch 2.14 removed `aten::cholesky` and `aten::qr`).
+VERSIONED_OPS: dict[str, str] = {
+    "cholesky.default": "in torch 2.13; removed in 2.14 (torch.linalg.cholesky replaces it)",
+    "qr.default": "in torch 2.13; removed in 2.14 (torch.linalg.qr replaces it)",
+}
+
+
+def versioned(*names: str) -> tuple[torch._ops.OpOverload, ...]:
+    """The ATen overloads among `names` that the installed torch has (each must be in `VERSIONED_OPS`).
+
+    **Arguments:**
+    - `names`: `"name.overload"` strings listed in `VERSIONED_OPS` (`"cholesky.default"`).
+
+    **Returns:** a tuple of `OpOverload`s, without those the installed torch lacks.
+
+    **Example:** `@register(*versioned("cholesky.default"))` registers nothing on torch 2.14.
+    """
+    found = []
+    for name in names:
+        if name not in VERSIONED_OPS:
+            raise KeyError(f"jaxtorch: {name!r} is not in ops.registry.VERSIONED_OPS; list it there first")
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, base, None), overload or "default", None)
+        if op is not None:
+            found.append(op)
+    return tuple(found)
+
+
 _whole_lib = torch.library.Library("aten", "IMPL")
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
 from typing import Any
 
 import equinox as eqx
@@ -43,11 +44,18 @@ from ..tensor._tensor import JaxTensor
 
 
 def _is_nnx(module: Any) -> bool:
-    try:
-        from flax import nnx
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(module, nnx.Module)
+    """Whether `module` is a Flax `nnx.Module`, without importing Flax.
+
+    An nnx module exists only once `flax.nnx` was imported, so the check reads `sys.modules`: a
+    Flax that is missing, or fails to import on this JAX (flax 0.12.8 on JAX 0.12 fails with other
+    errors than `ImportError`), leaves Equinox modules working.
+
+    >>> _is_nnx(eqx.nn.Linear(2, 2, key=jax.random.key(0)))
+    False
+    """
+    nnx = sys.modules.get("flax.nnx")
+    cls = getattr(nnx, "Module", None)
+    return isinstance(cls, type) and isinstance(module, cls)
 
 
 def _name(path) -> str:

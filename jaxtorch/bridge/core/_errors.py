@@ -369,3 +369,21 @@ class GradScalerError(JaxtorchError):
             "undo. Take the first steps eagerly (outside the compiled function) until `opt.state` holds tensor "
             "state for every parameter (the first step GradScaler did not skip), then call the compiled step."
         )
+
+
+class TorchVersionError(JaxtorchError):
+    """The installed torch no longer works the way a part of jaxtorch relies on (a function jaxtorch
+    wraps was renamed, an autocast policy changed), so jaxtorch refuses instead of computing a wrong
+    result. The message names what changed; the way out is a torch release jaxtorch supports
+    (`torch>=2.13,<2.15`, see pyproject.toml) or a newer jaxtorch.
+
+    **Example:** `raise TorchVersionError("torch 2.15's checkpoint calls none of ...")`.
+    """
+
+    def __init__(self, detail: str):
+        import torch  # this module imports nothing heavy at load time
+
+        super().__init__(
+            f"{detail}. jaxtorch was checked on torch 2.13 and 2.14 (this is torch {torch.__version__}): install "
+            "one of those (`pip install 'torch>=2.13,<2.15'`) or a jaxtorch release that supports this torch."
+        )

@@ -5,11 +5,17 @@ listed here gets a kernel at that key which casts its floating-point jax-device 
 arguments, then runs the op below the key, so autograd records the casts (gradients reach
 float32 weights in float32), eagerly, in lazy mode and under `jaxtorch.compile`/`jit`. Ops
 not listed fall through unchanged. The lists are torch's CPU autocast lists
-(`aten/src/ATen/autocast_mode.cpp`, `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`):
+(`aten/src/ATen/autocast_mode.cpp`, `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`), read from the
+installed torch at import (they differ between releases): every op with an `AutocastCPU` kernel,
+its policy found by calling it under `torch.autocast("cpu")` on storage-less probe tensors
+(`probe_cpu_policy`):
 
-- `LOWER_PRECISION_FP`: run in the autocast dtype (matmuls, convolutions, `linear`, attention);
-- `FP32`: run in float32 (reductions and losses that need the range, linear algebra, FFTs);
-- `PROMOTE`: run in the widest floating dtype among the arguments (`cat`, `stack`, `index_copy`).
+- `"lower"`: run in the autocast dtype (matmuls, convolutions, `linear`, attention);
+- `"fp32"`: run in float32 (reductions and losses that need the range, linear algebra, FFTs);
+- `"promote"`: run in the widest floating dtype among the arguments (`cat`, `stack`, `index_copy`).
+
+An op whose policy is none of these raises `TorchVersionError` under `torch.autocast("jax")`
+instead of guessing.
 
 As in torch, float64 tensors are never cast, and only tensors on the autocast's device are.
 torch's cast cache (one cast of each weight per autocast region) is not kept: every use of a
@@ -29,146 +35,136 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from ..core._errors import TorchVersionError
+
 DEVICE_TYPE = "jax"
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]
 
-# torch 2.13's CPU lists, by `aten::name.overload` (no overload: `.default`)
-LOWER_PRECISION_FP: tuple[str, ...] = (
-    "conv1d",
-    "conv1d.padding",
-    "conv2d",
-    "conv2d.padding",
-    "conv3d",
-    "conv3d.padding",
-    "bmm",
-    "mm",
-    "linalg_vecdot",
-    "baddbmm",
-    "addmm",
-    "addbmm",
-    "linear",
-    "_convolution.deprecated",
-    "matmul",
-    "conv_tbc",
-    "mkldnn_rnn_layer",
-    "conv_transpose1d",
-    "conv_transpose2d.input",
-    "conv_transpose3d.input",
-    "prelu",
-    "scaled_dot_product_attention",
-    "_native_multi_head_attention",
-    "_addmm_activation",
-)
 
-FP32: tuple[str, ...] = (
-    "avg_pool3d",
-    "binary_cross_entropy",
-    "grid_sampler",
-    "polar",
-    "prod",
-    "prod.dim_int",
-    "quantile",
-    "quantile.scalar",
-    "nanquantile",
-    "nanquantile.scalar",
-    "stft",
-    "stft.center",
-    "cdist",
-    "grid_sampler_2d",
-    "_grid_sampler_2d_cpu_fallback",
-    "grid_sampler_3d",
-    "trace",
-    "view_as_complex",
-    "cholesky",
-    "cholesky_inverse",
-    "cholesky_solve",
-    "inverse",
-    "lu_solve",
-    "orgqr",
-    "ormqr",
-    "pinverse",
-    "max_pool3d",
-    "max_unpool2d",
-    "max_unpool3d",
-    "adaptive_avg_pool3d",
-    "reflection_pad1d",
-    "reflection_pad2d",
-    "replication_pad1d",
-    "replication_pad2d",
-    "replication_pad3d",
-    "mse_loss",
-    "cosine_embedding_loss",
-    "nll_loss",
-    "nll_loss2d",
-    "hinge_embedding_loss",
-    "poisson_nll_loss",
-    "smooth_l1_loss",
-    "cross_entropy_loss",
-    "l1_loss",
-    "huber_loss",
-    "margin_ranking_loss",
-    "soft_margin_loss",
-    "triplet_margin_loss",
-    "multi_margin_loss",
-    "ctc_loss.IntList",
-    "ctc_loss.Tensor",
-    "kl_div",
-    "multilabel_margin_loss",
-    "binary_cross_entropy_with_logits",
-    "fft_fft",
-    "fft_ifft",
-    "fft_fft2",
-    "fft_ifft2",
-    "fft_fftn",
-    "fft_ifftn",
-    "fft_rfft",
-    "fft_irfft",
-    "fft_rfft2",
-    "fft_irfft2",
-    "fft_rfftn",
-    "fft_irfftn",
-    "fft_hfft",
-    "fft_ihfft",
-    "linalg_cond",
-    "linalg_cond.p_str",
-    "linalg_matrix_rank",
-    "linalg_matrix_rank.tol_tensor",
-    "linalg_matrix_rank.atol_rtol_tensor",
-    "linalg_matrix_rank.atol_rtol_float",
-    "linalg_solve",
-    "linalg_cholesky",
-    "linalg_svdvals",
-    "linalg_eigvals",
-    "linalg_eigvalsh",
-    "linalg_inv",
-    "linalg_householder_product",
-    "linalg_tensorinv",
-    "linalg_tensorsolve",
-    "fake_quantize_per_tensor_affine",
-    "geqrf",
-    "_lu_with_info",
-    "qr",
-    "svd",
-    "triangular_solve",
-    "fractional_max_pool2d",
-    "fractional_max_pool3d",
-    "adaptive_max_pool3d",
-    "multilabel_margin_loss_forward",
-    "linalg_qr",
-    "linalg_cholesky_ex",
-    "linalg_svd",
-    "linalg_eig",
-    "linalg_eigh",
-    "linalg_lstsq",
-    "linalg_inv_ex",
-)
+# ---- torch's CPU policy, read from the installed torch ----------------------------------------
+class _Stop(Exception):
+    """Raised by a `_Probe` tensor at the first op that reaches it, with `(op, args, kwargs)`."""
 
-PROMOTE: tuple[str, ...] = ("stack", "cat", "index_copy")
+
+class _Probe(torch.Tensor):
+    """A storage-less CPU tensor that stops at the first op torch runs on it."""
+
+    @staticmethod
+    def __new__(cls, dtype: torch.dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, (2, 2), dtype=dtype, device=torch.device("cpu"))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise _Stop(func, args, kwargs or {})
+
+
+# a value of each plain schema type, for the required parameters of a probed op
+_PLAIN: dict[str, object] = {
+    "int": 1, "SymInt": 1, "float": 1.0, "bool": False, "number": 1, "str": "x", "List[int]": [1], "List[SymInt]": [1],
+}  # fmt: skip
+
+
+def _probe_arguments(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> tuple[list, dict] | None:
+    """Arguments for `op`'s required parameters: `_Probe` tensors of `dtypes` in order (the last one
+    repeated), a plain value or None for the others; None when a parameter's type is unknown here."""
+    tensors = iter([*dtypes[:-1], *[dtypes[-1]] * 16])
+    args: list = []
+    kwargs: dict = {}
+    for a in op._schema.arguments:
+        if a.has_default_value():
+            continue
+        kind = str(a.type)
+        if kind == "Tensor":
+            value: object = _Probe(next(tensors))
+        elif kind == "List[Tensor]":
+            value = [_Probe(next(tensors)), _Probe(next(tensors))]
+        elif kind.startswith("Optional["):
+            value = None
+        elif kind in _PLAIN:
+            value = _PLAIN[kind]
+        else:
+            return None
+        if a.kwarg_only:
+            kwargs[a.name] = value
+        else:
+            args.append(value)
+    return args, kwargs
+
+
+def _cast_dtype(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> torch.dtype | None:
+    """The dtype CPU autocast (to bfloat16) casts `op`'s tensor arguments to when they have `dtypes`;
+    None when it casts none. Below autograd, a composite op reaches the probes whole (its body never
+    runs), so the first op they see is autocast's cast (`aten.to.dtype`) or `op` itself."""
+    built = _probe_arguments(op, dtypes)
+    if built is None:
+        return None
+    args, kwargs = built
+    with torch._C._AutoDispatchBelowAutograd(), torch.autocast("cpu", dtype=torch.bfloat16):
+        try:
+            op(*args, **kwargs)
+        except _Stop as stop:
+            func, fargs, fkwargs = stop.args
+            if func is torch.ops.aten.to.dtype:
+                return fargs[1]
+            if func is torch.ops.aten._to_copy.default:
+                return fkwargs.get("dtype")
+            return None
+        except Exception:  # noqa: BLE001  (autocast's kernel refused the probes: no policy read)
+            return None
+    return None
+
+
+def probe_cpu_policy(op: torch._ops.OpOverload) -> str | None:
+    """torch's CPU autocast policy of `op`, read by calling it under `torch.autocast("cpu")` on
+    storage-less probe tensors (nothing is computed: the probe stops at the first op it reaches).
+
+    **Arguments:**
+    - `op`: an ATen overload with a CPU autocast kernel (`torch.ops.aten.mm.default`).
+
+    **Returns:** `"fp32"` (bfloat16 arguments are cast to float32), `"lower"` (float32 ones are cast
+    to the autocast dtype), `"promote"` (mixed bfloat16/float32 ones are cast to float32), or None
+    (none of these: a policy this module does not know).
+
+    **Example:** `probe_cpu_policy(torch.ops.aten.mm.default)` is `"lower"`.
+    """
+    if _cast_dtype(op, [torch.bfloat16]) == torch.float32:
+        return "fp32"
+    if _cast_dtype(op, [torch.float32]) == torch.bfloat16:
+        return "lower"
+    if _cast_dtype(op, [torch.bfloat16, torch.float32]) == torch.float32:
+        return "promote"
+    return None
+
+
+def _overload(name: str) -> torch._ops.OpOverload | None:
+    """The ATen overload named `name` (`"conv1d.padding"`, `"mm"`), or None if this torch lacks it."""
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    return None if packet is None else getattr(packet, overload or "default", None)
+
+
+def cpu_policies() -> dict[str, str | None]:
+    """torch's CPU autocast lists, from the installed torch: every ATen op with an `AutocastCPU`
+    kernel, by `name.overload` (no overload: the default one), with its `probe_cpu_policy`.
+
+    **Returns:** `{"mm": "lower", "mse_loss": "fp32", "cat": "promote", ...}`.
+
+    **Example:** `cpu_policies()["linalg_cholesky"]` is `"fp32"`.
+    """
+    table: dict[str, str | None] = {}
+    for qualified in sorted(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")):
+        namespace, _, name = qualified.partition("::")
+        op = _overload(name) if namespace == "aten" else None
+        if op is not None:
+            table[name] = probe_cpu_policy(op)
+    return table
+
 
 # Recurrent ops, which jaxtorch runs whole (`ops/rnn.py`) where CPU torch decomposes them into
-# ops of the lists above (`mkldnn_rnn_layer`, `linear`): those casts decide their results'
-# dtypes on the CPU (torch 2.13): RNN layers and cells and unprojected LSTM layers give the
-# autocast dtype; GRU, LSTM cells and packed LSTMs give float32 (as they do here unchanged).
+# ops of the lists above (`mkldnn_rnn_layer`, `linear`): those casts decide their results' dtypes
+# on the CPU (torch 2.13 and 2.14; tests/adversarial/cases_io.py compares each with CPU torch): RNN
+# layers and cells and unprojected LSTM layers give the autocast dtype; GRU, LSTM cells and packed
+# LSTMs give float32 (as they do here unchanged).
 RECURRENT_LOWER: tuple[str, ...] = (
     "rnn_tanh.input",
     "rnn_tanh.data",
@@ -214,11 +210,18 @@ def _projected(hx) -> bool:
     return len(hx) == 2 and hx[0].shape[-1] != hx[1].shape[-1]
 
 
-def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable:
-    """The `AutocastPrivateUse1` kernel of `op`: cast as `policy` says, run `op` below autocast."""
+def _kernel(op: torch._ops.OpOverload, policy: str | None) -> Callable:
+    """The `AutocastPrivateUse1` kernel of `op`: cast as `policy` says, run `op` below autocast
+    (a policy that `probe_cpu_policy` could not read raises `TorchVersionError`)."""
     exclude = torch._C.DispatchKeySet(_KEY)
 
     def kernel(*args, **kwargs):
+        if policy is None:
+            raise TorchVersionError(
+                f"torch.autocast('jax'): this torch autocasts {op} on the CPU with a policy jaxtorch could not "
+                "read (it knows 'lower', 'fp32' and 'promote'); run this op outside autocast "
+                "(`with torch.autocast('jax', enabled=False):`) with inputs you cast yourself"
+            )
         lower = torch.get_autocast_dtype(DEVICE_TYPE)
         with torch._C._ExcludeDispatchKeyGuard(exclude):
             if policy in ("lower", "lstm"):
@@ -236,28 +239,18 @@ def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable:
     return kernel
 
 
-def _overload(name: str) -> torch._ops.OpOverload | None:
-    base, _, overload = name.partition(".")
-    packet = getattr(torch.ops.aten, base, None)
-    return None if packet is None else getattr(packet, overload or "default", None)
+_POLICIES: dict[str, str | None] = {}  # name.overload -> policy, filled by install()
 
 
-def policy_of() -> dict[str, str]:
-    """`{"aten::name.overload": "lower" | "fp32" | "promote" | "lstm"}` for every op autocast changes."""
-    table = {}
-    for names, policy in _POLICIES:
-        for n in names:
-            table[f"aten::{n}"] = policy
-    return table
+def policy_of() -> dict[str, str | None]:
+    """`{"aten::name.overload": "lower" | "fp32" | "promote" | "lstm" | None}` for every op autocast
+    changes on the jax device: torch's CPU lists (`cpu_policies`) and the recurrent ops.
+
+    **Example:** `policy_of()["aten::mm"]` is `"lower"`.
+    """
+    return {f"aten::{n}": policy for n, policy in _POLICIES.items()}
 
 
-_POLICIES: tuple[tuple[tuple[str, ...], str], ...] = (
-    (LOWER_PRECISION_FP, "lower"),
-    (FP32, "fp32"),
-    (PROMOTE, "promote"),
-    (RECURRENT_LOWER, "lower"),
-    (RECURRENT_LSTM, "lstm"),
-)
 _lib: torch.library.Library | None = None
 
 
@@ -266,12 +259,14 @@ def install() -> None:
     global _lib
     if _lib is not None:
         return
+    _POLICIES.update(cpu_policies())
+    _POLICIES.update(dict.fromkeys(RECURRENT_LOWER, "lower"))
+    _POLICIES.update(dict.fromkeys(RECURRENT_LSTM, "lstm"))
     lib = torch.library.Library("aten", "IMPL")
-    for names, policy in _POLICIES:
-        for n in names:
-            op = _overload(n)
-            if op is not None:
-                lib.impl(n, _kernel(op, policy), "AutocastPrivateUse1")
+    for name, policy in _POLICIES.items():
+        op = _overload(name)
+        if op is not None:
+            lib.impl(name, _kernel(op, policy), "AutocastPrivateUse1")
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     _lib = lib

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -41,12 +42,22 @@ import torch
 import torch.utils.checkpoint as _tc
 
 from ..core import _lazy, _random, _tracing
+from ..core._errors import TorchVersionError
 from ..tensor._tensor import JaxTensor
 from . import _remat
 from ._custom_function import _traced_untracked
 
-_original_generator = _tc._checkpoint_without_reentrant_generator
 _OriginalFunction = _tc.CheckpointFunction
+
+# torch's non-reentrant checkpoint hands the function it checkpoints to a generator, which calls it
+# again to recompute; its name and signature changed between releases (newest first):
+# - torch 2.14: `_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, preserve_rng_state, ...)`
+#   (`_checkpoint_without_reentrant_generator` is kept only as a shim that calls it);
+# - torch 2.13: `_checkpoint_without_reentrant_generator(fn, preserve_rng_state, context_fn, ..., *args, **kwargs)`.
+GENERATORS: tuple[str, ...] = (
+    "_checkpoint_without_reentrant_generator_impl",
+    "_checkpoint_without_reentrant_generator",
+)
 
 
 # ---- random state: what the forward drew from, restored around each recomputation -------
@@ -151,12 +162,45 @@ def _on_jax(args, kwargs) -> bool:
     return any(isinstance(a, JaxTensor) for a in (*args, *kwargs.values()))
 
 
-def _generator(fn, preserve_rng_state=True, context_fn=_tc.noop_context_fn, *rest, **kwargs):
-    """`_checkpoint_without_reentrant_generator`, its recomputation wrapped for the jax device
-    (torch calls the function itself for the forward: every call of the wrapper recomputes)."""
-    if _on_jax(rest, kwargs):
-        fn = _Recompute(fn, preserve_rng_state, forwards=0)
-    return _original_generator(fn, preserve_rng_state, context_fn, *rest, **kwargs)
+def _calls(fn: Callable, depth: int = 2) -> set[str]:
+    """The global names `fn`'s code reads, and (to `depth`) those of the `torch.utils.checkpoint`
+    functions among them: which of that module's functions `checkpoint` reaches."""
+    code = getattr(fn, "__code__", None)
+    names = set(code.co_names) if code is not None else set()
+    if depth > 0:
+        for name in tuple(names):
+            inner = vars(_tc).get(name)
+            if inspect.isfunction(inner) and name not in GENERATORS:
+                names |= _calls(inner, depth - 1)
+    return names
+
+
+def _wrap_generator(name: str, original: Callable) -> Callable:
+    """`original` (the generator `name` of `GENERATORS`), its recomputation wrapped for the jax device
+    (torch calls the checkpointed function itself for the forward: every call of the wrapper recomputes)."""
+    if name == "_checkpoint_without_reentrant_generator_impl":
+
+        def generator_impl(fn, args, kwargs, *, preserve_rng_state=True, **config):
+            _REACHED["generator"] += 1
+            if _on_jax(args, kwargs):
+                fn = _Recompute(fn, preserve_rng_state, forwards=0)
+            return original(fn, args, kwargs, preserve_rng_state=preserve_rng_state, **config)
+
+        return generator_impl
+
+    def generator(fn, preserve_rng_state=True, context_fn=_tc.noop_context_fn, *rest, **kwargs):
+        _REACHED["generator"] += 1
+        if _on_jax(rest, kwargs):
+            fn = _Recompute(fn, preserve_rng_state, forwards=0)
+        return original(fn, preserve_rng_state, context_fn, *rest, **kwargs)
+
+    return generator
+
+
+# how often torch reached each wrapper (tests/test_compat.py checks that torch still calls them)
+_REACHED: dict[str, int] = {"generator": 0, "reentrant": 0, "checkpoint": 0}
+# the problem with this torch's non-reentrant checkpoint, if `install` found no generator it knows
+_UNKNOWN: list[str] = []
 
 
 class CheckpointFunction(_OriginalFunction):
@@ -164,6 +208,7 @@ class CheckpointFunction(_OriginalFunction):
 
     @classmethod
     def apply(cls, function, preserve_rng_state, *args):
+        _REACHED["reentrant"] += 1
         if _on_jax(args, {}):
             function = _Recompute(function, preserve_rng_state, forwards=1)
         return super().apply(function, preserve_rng_state, *args)
@@ -188,19 +233,37 @@ def _original(*args, **kwargs):
 
 
 def checkpoint(
-    function,
+    function=None,
     *args,
     use_reentrant: bool | None = None,
     context_fn=_tc.noop_context_fn,
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
     **kwargs,
 ):
     """`torch.utils.checkpoint.checkpoint`: under a JAX trace, on jax tensors, the region runs
-    as `jax.checkpoint` (`_remat`); otherwise (and with `context_fn`, `debug` or an unset
-    `use_reentrant`, which torch warns about) torch's own checkpoint runs it."""
-    if use_reentrant is not None and context_fn is _tc.noop_context_fn and not debug:
+    as `jax.checkpoint` (`_remat`); otherwise (and with `context_fn`, `debug`,
+    `respect_saved_tensors_hooks` or an unset `use_reentrant`, which torch warns about) torch's own
+    checkpoint runs it. torch 2.14's curried form (`checkpoint(use_reentrant=False)(fn)`, no function)
+    is torch's own, through the wrapped generator."""
+    _REACHED["checkpoint"] += 1
+    if respect_saved_tensors_hooks is not None:
+        kwargs["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks  # torch 2.14's; 2.13 refuses it
+    if _UNKNOWN and use_reentrant is False and (function is None or _on_jax(args, kwargs)):
+        raise TorchVersionError(_UNKNOWN[0])  # (a curried checkpoint may get jax tensors later)
+    if function is None:
+        return _original(
+            use_reentrant=use_reentrant, context_fn=context_fn, determinism_check=determinism_check, debug=debug,
+            early_stop=early_stop, **kwargs,
+        )  # fmt: skip
+    if (
+        use_reentrant is not None
+        and context_fn is _tc.noop_context_fn
+        and not debug
+        and respect_saved_tensors_hooks is None
+    ):
         preserve = kwargs.pop("preserve_rng_state", True)
         if not (use_reentrant and kwargs) and _remat.applies(args, kwargs):
             out = _remat.checkpoint(function, args, kwargs, reentrant=use_reentrant)
@@ -226,9 +289,20 @@ def install() -> None:
     reference to torch's function (Hugging Face imports it by name) reaches it.
     """
     _remat.install()
-    _tc._checkpoint_without_reentrant_generator = _generator
-    _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
     wrapped = getattr(_tc.checkpoint, "__wrapped__", None)
+    called = _calls(wrapped) if wrapped is not None else set()
+    name = next((n for n in GENERATORS if n in called), None)
+    if name is None:
+        _UNKNOWN[:] = [
+            f"torch.utils.checkpoint(use_reentrant=False) on jax tensors: this torch's checkpoint calls none of "
+            f"{', '.join(GENERATORS)}, where jaxtorch replays the forward's random numbers for the recomputation "
+            "(without it, dropout inside the region would give wrong gradients). Use use_reentrant=True"
+        ]
+    elif not getattr(getattr(_tc, name), "_jaxtorch", False):
+        generator = _wrap_generator(name, getattr(_tc, name))
+        generator._jaxtorch = True  # type: ignore[attr-defined]
+        setattr(_tc, name, generator)
+    _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
     if wrapped is not None and "__dynamo_disable" in _tc.checkpoint.__code__.co_names:
         wrapped.__dynamo_disable = checkpoint
 

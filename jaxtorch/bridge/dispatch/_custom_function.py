@@ -53,7 +53,13 @@ from ..tensor._tensor import JaxTensor, labelled, set_same_data, write
 
 _Tracer = jax.core.Tracer
 _Function = torch.autograd.Function
-_torch_apply = _Function.__dict__["apply"].__func__  # torch's own classmethod body
+# torch's own `apply`: a Python classmethod in torch 2.13, a C `classmethod_descriptor` in 2.14
+_TORCH_APPLY = _Function.__dict__["apply"]
+
+
+def _torch_apply(cls, *args, **kwargs):
+    """torch's own `Function.apply`, bound to `cls` (whichever kind of classmethod this torch has)."""
+    return _TORCH_APPLY.__get__(None, cls)(*args, **kwargs)
 
 
 def _traced_untracked(args) -> bool:
@@ -100,7 +106,7 @@ def _both(cls, args: tuple, kwargs: dict):
 
 def install() -> None:
     """Route `torch.autograd.Function.apply` through `_apply` (idempotent)."""
-    if _Function.__dict__["apply"].__func__ is not _apply:
+    if getattr(_Function.__dict__["apply"], "__func__", None) is not _apply:
         _Function.apply = classmethod(_apply)  # type: ignore[assignment,method-assign]
 
 
