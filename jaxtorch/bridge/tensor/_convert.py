@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..core._dtypes import check_int_range, holds, scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
+from ..core._errors import MetaTensorError
 from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
 from ._tensor import JaxTensor
 
@@ -210,8 +211,9 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     memory as it is (zero copy on the CPU), so later writes to `t` show through (for callers
     that read the array at once; `to_jax` gives snapshots).
 
-    Tensors with no dense data JAX could hold (sparse, quantized, nested, MKL-DNN, meta)
-    raise a `TypeError` naming the layout and the conversion to make first.
+    Tensors with no dense data JAX could hold (sparse, quantized, nested, MKL-DNN) raise a
+    `TypeError` naming the layout and the conversion to make first; a meta tensor raises
+    `MetaTensorError` (a `ValueError`) naming the ways to give it values.
 
     Like `jnp.asarray`, the result is uncommitted (JAX may move it to where the computation
     runs) unless `device` is given.
@@ -219,12 +221,7 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     if isinstance(t, JaxTensor):
         return t.elem
     if t.device.type == "meta":
-        raise ValueError(
-            f"jaxtorch: a tensor on the meta device (shape {tuple(t.shape)}, {t.dtype}) has no data to convert. "
-            "A model built under `torch.device('meta')` gets its weights from a checkpoint: "
-            "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
-            "(or `init(params, state)` for `make_train_step`)."
-        )
+        raise MetaTensorError("jaxtorch's conversion to a jax.Array", tuple(t.shape), t.dtype)
     _check_dense(t)
     t = t.detach()
     if t.device.type != "cpu":
