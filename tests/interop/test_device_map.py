@@ -180,3 +180,16 @@ def test_the_docs_example_runs_as_written(tmp_path):
         out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr[-3000:]
         assert not any(p.name.endswith(".safetensors") for p in tmp_path.rglob("*")), "the example wrote weights here"
+
+
+@pytest.mark.parametrize(
+    "source, target", [(torch.float32, torch.bfloat16), (torch.float64, torch.float32), (torch.float32, torch.float16)]
+)
+def test_a_move_with_a_cast_rounds_as_torch(source, target, globally):
+    """`cpu_t.to("jax", dtype)` (a loader's `tensor.to(device=, dtype=)`) casts as CPU torch does,
+    special values included; float64 sources too (cast on the host, never held by JAX)."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0), dtype=source) * 1e3
+    x = torch.cat([x, torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-40, 7e4], dtype=source)])
+    out = x.to("jax", target)
+    assert isinstance(out, JaxTensor) and out.dtype == target
+    torch.testing.assert_close(out.cpu(), x.to(target), rtol=0, atol=0, equal_nan=True)

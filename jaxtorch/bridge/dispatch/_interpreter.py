@@ -743,6 +743,8 @@ def _to_copy(ex, args, kwargs):
             t = x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
     src = x._raw() if isinstance(x, JaxTensor) else None
+    if src is None and dtype is not None and dtype != x.dtype and x.device.type == "cpu":
+        x = x.to(dtype)  # cast by torch on the host (its rounding; float64 -> float32 never meets JAX): less to move
     a = src if src is not None else _host_array(x, aten._to_copy.default)  # cpu -> jax
     if dtype is not None:
         jd = to_jax_dtype(dtype)
@@ -1005,8 +1007,18 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
+def _to_copy_kernel(
+    x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None
+):
+    """`cpu_t.to("jax")` without the modes (a module move, a loader's worker thread): one conversion,
+    as under the modes. Without it torch makes `empty` on the device, then copies into it: a second
+    array of the tensor's size for a while, whose freed memory the host allocator may keep."""
+    return _to_copy(EAGER, (x,), {"dtype": dtype, "device": device})
+
+
 _backend_lib = torch.library.Library("aten", "IMPL")
 _backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
+_backend_lib.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
 _backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
 _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
 
