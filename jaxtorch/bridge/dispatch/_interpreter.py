@@ -45,7 +45,7 @@ from ..core._errors import DataDependentError, DeviceMismatchError, MetaTensorEr
 from ..core._executor import Executor, OpCall, signature
 from ..core._lazy import LAZY
 from ..tensor import _tensor
-from ..tensor._convert import array_to_torch, tensor_to_jax
+from ..tensor._convert import array_to_torch, cast_on_host, tensor_to_jax
 from ..tensor._device import engine_entry, is_jax_device, jax_device_of
 from ..tensor._tensor import (
     JaxTensor,
@@ -743,10 +743,12 @@ def _to_copy(ex, args, kwargs):
             t = x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
     src = x._raw() if isinstance(x, JaxTensor) else None
-    if src is None and dtype is not None and dtype != x.dtype and x.device.type == "cpu":
-        x = x.to(dtype)  # cast by torch on the host (its rounding; float64 -> float32 never meets JAX): less to move
-    a = src if src is not None else _host_array(x, aten._to_copy.default)  # cpu -> jax
-    if dtype is not None:
+    if src is None:  # cpu -> jax, cast by torch on the host first (its rounding; float64 never meets JAX)
+        host = cast_on_host(x, dtype) if dtype is not None and x.device.type == "cpu" else x
+        a = _host_array(host, aten._to_copy.default)
+    else:
+        a = src
+    if dtype is not None and src is not None:
         jd = to_jax_dtype(dtype)
         a = lazy.apply(("astype", jd), lambda v: v.astype(jd), a) if type(a) is _Lazy else a.astype(jd)
     if device is not None:

@@ -201,6 +201,24 @@ def _host_snapshot(t: torch.Tensor) -> np.ndarray:
     return np.array(_host_view(t), copy=True)
 
 
+def cast_on_host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t.to(dtype)` for a CPU tensor: torch's cast (its rounding), on the host. When `t` lies in a
+    private map of a file (`from_pretrained(..., dtype=)`'s weights), its pages are paged out after
+    the cast, as `tensor_to_jax` does after its copy: the process never holds the weights in both
+    dtypes. `t` itself when it has the dtype already.
+
+    **Example:** `cast_on_host(torch.ones(2), torch.bfloat16)` is `tensor([1., 1.], dtype=torch.bfloat16)`.
+    """
+    if t.dtype == dtype or t.device.type != "cpu":
+        return t if t.dtype == dtype else t.to(dtype)
+    out = t.to(dtype)
+    if t.numel() * t.element_size() >= _SMALL and t.layout is torch.strided:
+        region = _file_mapping(t.data_ptr())
+        if region is not None:
+            _page_out(t, region)
+    return out
+
+
 def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: bool = False) -> jax.Array:
     """A plain torch tensor -> `jax.Array` with the values `t` holds now.
 
