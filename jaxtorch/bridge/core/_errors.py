@@ -387,3 +387,36 @@ class TorchVersionError(JaxtorchError):
             f"{detail}. jaxtorch was checked on torch 2.13 and 2.14 (this is torch {torch.__version__}): install "
             "one of those (`pip install 'torch>=2.13,<2.15'`) or a jaxtorch release that supports this torch."
         )
+
+
+class MetaTensorError(JaxtorchError, NotImplementedError, ValueError):
+    """An op reached jaxtorch with a tensor on the meta device, which has a shape and a dtype but no data.
+
+    A model built under `torch.device("meta")` (or by a loader's empty-weights step) needs its
+    values before it can run on the jax device. `torch.empty_like` / `zeros_like` / `new_empty`
+    and the other factories "like" a meta tensor onto the jax device are fine (they read only
+    its shape and dtype); anything that would read its values raises this error, which names
+    the op and the ways out. A `NotImplementedError`, as torch's own "Cannot copy out of meta
+    tensor" is, and a `ValueError`, as jaxtorch's conversions raised before.
+
+    **Example:**
+        ```python
+        with torch.device("meta"):
+            model = torch.nn.Linear(4, 2)
+        model.to("jax")   # MetaTensorError: `aten::copy_` ... to_empty ... load_into ... device_map="jax"
+        ```
+    """
+
+    def __init__(self, op, shape: tuple, dtype):
+        name = op if isinstance(op, str) else f"`{getattr(op, 'name', lambda: str(op))()}`"
+        self.op = op
+        super().__init__(
+            f"{name} got a tensor on the meta device (shape {tuple(shape)}, {dtype}): it has a shape and a "
+            "dtype but no data, so there is nothing to run on the jax device. Ways out: give the module memory on "
+            "the jax device first, `model.to_empty(device='jax')`, then load its weights "
+            "(`model.load_state_dict(sd)`); or read a checkpoint into it, "
+            "`jaxtorch.load_into(model, *jaxtorch.load_params(model, path))`, then `model.to('jax')`; or, for a "
+            "Hugging Face model, `from_pretrained(path, device_map='jax')`, which loads the weights straight "
+            "onto the jax device. (`torch.empty_like`/`zeros_like`/`new_empty` of a meta tensor onto the jax "
+            "device read only its shape and dtype, and work.)"
+        )

@@ -41,11 +41,11 @@ from ..core._checks import ON as _CHECKS
 from ..core._checks import meta_error
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
 from ..core._eager import EAGER
-from ..core._errors import DataDependentError, DeviceMismatchError, UnsupportedOpError
+from ..core._errors import DataDependentError, DeviceMismatchError, MetaTensorError, UnsupportedOpError
 from ..core._executor import Executor, OpCall, signature
 from ..core._lazy import LAZY
 from ..tensor import _tensor
-from ..tensor._convert import array_to_torch, tensor_to_jax
+from ..tensor._convert import array_to_torch, cast_on_host, tensor_to_jax
 from ..tensor._device import engine_entry, is_jax_device, jax_device_of
 from ..tensor._tensor import (
     JaxTensor,
@@ -60,6 +60,7 @@ from ..tensor._tensor import (
     write_many,
 )
 from . import _foreach as foreach
+from . import _meta_likes as meta_likes
 from . import _result_dtype
 from . import _writes as writes
 from ._routing import Kind, Route, is_factory_sibling, route
@@ -115,7 +116,7 @@ def _to_jax_arg(x, func, raw: bool = False):
             elif ty in _PLAIN:
                 out.append(y)
             elif func in _CPU_INDICES and isinstance(y, torch.Tensor) and y.device.type == "cpu":
-                out.append(tensor_to_jax(y))  # `x[cpu_index]`: moved, as torch moves CPU indices to CUDA
+                out.append(_host_array(y, func))  # `x[cpu_index]`: moved, as torch moves CPU indices to CUDA
             else:
                 out.append(_to_jax_arg(y, func, raw))
         return t(out)
@@ -125,13 +126,23 @@ def _to_jax_arg(x, func, raw: bool = False):
         if x.device.type == "cpu" and registry.is_flagged(func, registry.HOST_INPUTS):
             return x.numpy()  # metadata torch keeps on the host (lengths): concrete, also under tracing
         if x.dim() == 0 or jax_by_default() or x.device.type == "meta":
-            return tensor_to_jax(x)
+            return _host_array(x, func)
         raise DeviceMismatchError(func, x.device)
     if isinstance(x, (list, tuple)):
         return type(x)(_to_jax_arg(y, func, raw) for y in x) if type(x) in (list, tuple) else x
     if isinstance(x, torch.dtype):
         return to_jax_dtype(x)
     return x
+
+
+def _host_array(x: torch.Tensor, func) -> Any:
+    """A plain torch tensor's values as a JAX array for the op `func`; a tensor on the meta
+    device has none: `MetaTensorError` names `func` and the ways to give it values.
+
+    **Example:** `_host_array(torch.ones(2), aten.add.Tensor)` is `Array([1., 1.])`."""
+    if x.device.type == "meta":
+        raise MetaTensorError(func, tuple(x.shape), x.dtype)
+    return tensor_to_jax(x)
 
 
 # ops whose index list (`Tensor?[] indices`) may hold CPU tensors for a tensor on another device, as in
@@ -751,8 +762,12 @@ def _to_copy(ex, args, kwargs):
             t = x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
     src = x._raw() if isinstance(x, JaxTensor) else None
-    a = src if src is not None else tensor_to_jax(x)  # cpu -> jax
-    if dtype is not None:
+    if src is None:  # cpu -> jax, cast by torch on the host first (its rounding; float64 never meets JAX)
+        host = cast_on_host(x, dtype) if dtype is not None and x.device.type == "cpu" else x
+        a = _host_array(host, aten._to_copy.default)
+    else:
+        a = src
+    if dtype is not None and src is not None:
         jd = to_jax_dtype(dtype)
         a = lazy.apply(("astype", jd), lambda v: v.astype(jd), a) if type(a) is _Lazy else a.astype(jd)
     if device is not None:
@@ -769,7 +784,7 @@ def _copy_(ex, args, kwargs):
     if isinstance(dst, JaxTensor):
         if dst._jt_overlap:
             writes.refuse_internal_overlap(dst)
-        write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        write(dst, src._raw() if isinstance(src, JaxTensor) else _host_array(src, aten.copy_.default))
         return dst
     # jax -> cpu copy into a plain tensor
     _cpu_write(aten.copy_.default, dst)
@@ -885,6 +900,9 @@ def _mode_dispatch(func, types, args, kwargs):
     if func is _LIFT_FRESH:
         return _lift_fresh(None, args, kwargs)
     if _is_factory(func, args, kwargs):
+        like = meta_likes.as_factory(func, args, kwargs)  # `empty_like(meta_t, device="jax")`: its shape only
+        if like is not None:
+            func, args, kwargs = like
         return _place(dispatch(func, args, kwargs), kwargs.get("device"))
     if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
         for i, name, kw_only in _mutated_args(func):
@@ -1003,15 +1021,25 @@ def _copy_from(src, dst, non_blocking=False):
     if isinstance(dst, JaxTensor):
         if dst.numel() == 0 and tuple(src.shape) == tuple(dst.shape):
             return dst  # nothing to copy (`torch.tensor([])`: no transfer, nothing recorded)
-        write(dst, src._raw() if isinstance(src, JaxTensor) else tensor_to_jax(src))
+        write(dst, src._raw() if isinstance(src, JaxTensor) else _host_array(src, aten._copy_from.default))
     else:
         _cpu_write(aten._copy_from.default, dst)
         dst.copy_(array_to_torch(src._concrete("copy to a CPU tensor"), copy=False))
     return dst
 
 
+def _to_copy_kernel(
+    x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None
+):
+    """`cpu_t.to("jax")` without the modes (a module move, a loader's worker thread): one conversion,
+    as under the modes. Without it torch makes `empty` on the device, then copies into it: a second
+    array of the tensor's size for a while, whose freed memory the host allocator may keep."""
+    return _to_copy(EAGER, (x,), {"dtype": dtype, "device": device})
+
+
 _backend_lib = torch.library.Library("aten", "IMPL")
 _backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
+_backend_lib.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
 _backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
 _backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..core._dtypes import check_int_range, holds, scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
+from ..core._errors import MetaTensorError
 from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
 from ._tensor import JaxTensor
 
@@ -200,6 +201,24 @@ def _host_snapshot(t: torch.Tensor) -> np.ndarray:
     return np.array(_host_view(t), copy=True)
 
 
+def cast_on_host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t.to(dtype)` for a CPU tensor: torch's cast (its rounding), on the host. When `t` lies in a
+    private map of a file (`from_pretrained(..., dtype=)`'s weights), its pages are paged out after
+    the cast, as `tensor_to_jax` does after its copy: the process never holds the weights in both
+    dtypes. `t` itself when it has the dtype already.
+
+    **Example:** `cast_on_host(torch.ones(2), torch.bfloat16)` is `tensor([1., 1.], dtype=torch.bfloat16)`.
+    """
+    if t.dtype == dtype or t.device.type != "cpu":
+        return t if t.dtype == dtype else t.to(dtype)
+    out = t.to(dtype)
+    if t.numel() * t.element_size() >= _SMALL and t.layout is torch.strided:
+        region = _file_mapping(t.data_ptr())
+        if region is not None:
+            _page_out(t, region)
+    return out
+
+
 def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: bool = False) -> jax.Array:
     """A plain torch tensor -> `jax.Array` with the values `t` holds now.
 
@@ -210,8 +229,9 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     memory as it is (zero copy on the CPU), so later writes to `t` show through (for callers
     that read the array at once; `to_jax` gives snapshots).
 
-    Tensors with no dense data JAX could hold (sparse, quantized, nested, MKL-DNN, meta)
-    raise a `TypeError` naming the layout and the conversion to make first.
+    Tensors with no dense data JAX could hold (sparse, quantized, nested, MKL-DNN) raise a
+    `TypeError` naming the layout and the conversion to make first; a meta tensor raises
+    `MetaTensorError` (a `ValueError`) naming the ways to give it values.
 
     Like `jnp.asarray`, the result is uncommitted (JAX may move it to where the computation
     runs) unless `device` is given.
@@ -219,12 +239,7 @@ def tensor_to_jax(t: torch.Tensor, device: jax.Device | None = None, *, share: b
     if isinstance(t, JaxTensor):
         return t.elem
     if t.device.type == "meta":
-        raise ValueError(
-            f"jaxtorch: a tensor on the meta device (shape {tuple(t.shape)}, {t.dtype}) has no data to convert. "
-            "A model built under `torch.device('meta')` gets its weights from a checkpoint: "
-            "`params, state = jaxtorch.load_params(model, path)`, then `fn(params, x, state=state)` "
-            "(or `init(params, state)` for `make_train_step`)."
-        )
+        raise MetaTensorError("jaxtorch's conversion to a jax.Array", tuple(t.shape), t.dtype)
     _check_dense(t)
     t = t.detach()
     if t.device.type != "cpu":
