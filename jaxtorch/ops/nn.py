@@ -186,12 +186,28 @@ def _transposed_half(x, w, bias, stride, padding, dilation, output_padding, grou
     return out
 
 
+def _onednn_takes_half(dtype) -> bool:
+    """Whether CPU torch runs a `dtype` (float16/bfloat16) convolution through oneDNN on this processor:
+    torch's own guard (`mkldnn_bf16_device_check` / `mkldnn_fp16_device_check`: AVX-512 or AMX for
+    bfloat16, AVX-512-FP16 or AMX-FP16 for float16) and `torch.backends.mkldnn.enabled`. oneDNN
+    accumulates a transposed convolution in float32, bias included, and rounds once; torch's own
+    `slow_conv_transpose` (every other processor) rounds per kernel tap (`_transposed_half`).
+
+    Example: `_onednn_takes_half(jnp.bfloat16)` is True on an AVX-512 Xeon, False on an AVX2 machine."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    check = "_is_mkldnn_bf16_supported" if dtype == jnp.bfloat16 else "_is_mkldnn_fp16_supported"
+    return bool(getattr(torch.ops.mkldnn, check)())
+
+
 @register(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """`F.conv{1,2,3}d` / `conv_transpose{1,2,3}d`: one `lax.conv_general_dilated`; half
     inputs accumulate in float32, bias included, and round once (torch's CPU kernel). A half
-    transposed convolution rounds as torch's CPU kernel does (`_transposed_half`)."""
-    if transposed and is_half(jnp.result_type(input.dtype, weight.dtype)):
+    transposed convolution rounds as torch's CPU kernel on this processor does: oneDNN's (round
+    once) where torch uses oneDNN, else `slow_conv_transpose`'s (`_transposed_half`)."""
+    half = jnp.result_type(input.dtype, weight.dtype)
+    if transposed and is_half(half) and not _onednn_takes_half(half):
         return _transposed_half(input, weight, bias, stride, padding, dilation, output_padding, groups)
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
