@@ -49,6 +49,7 @@ from .bridge.core._errors import (
     MissingKeyError,
     OnceDifferentiableError,
     StateWriteError,
+    TorchVersionError,
     UnsupportedOpError,
 )
 from .bridge.core._lazy import lazy, sync
@@ -114,6 +115,7 @@ __all__ = [
     "OnceDifferentiableError",
     "ParamsError",
     "StateWriteError",
+    "TorchVersionError",
     "UnsupportedOpError",
     # public submodules
     "coverage",
