@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from _memory import _peak, _reset_peak, _rss  # noqa: E402  (benchmarks/ is the script's folder)
+
 VARIANTS = {  # name -> (checkpoint, from_pretrained keyword arguments as JSON, enable_globally, then .to("jax"))
     "cpu": ("single", {}, False, False),
     'device_map="jax"': ("single", {"device_map": "jax"}, False, False),
@@ -48,28 +50,6 @@ VARIANTS = {  # name -> (checkpoint, from_pretrained keyword arguments as JSON, 
     ),
     'cpu, then .to("jax")': ("single", {}, False, True),
 }
-
-
-def _rss() -> int:
-    """This process's resident memory now, in bytes (`/proc/self/statm`)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> None:
-    """Restart this process's peak resident memory (`VmHWM`) from its resident memory now."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak() -> int:
-    """Peak resident memory since `_reset_peak` (`VmHWM`), in bytes. Not `ru_maxrss`: Linux
-    carries that across `exec` from the parent, which holds the model it saved."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def child(path: str, variant: str) -> dict:

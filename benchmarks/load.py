@@ -23,38 +23,18 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+
+from _memory import _peak, _reset_peak, _rss  # noqa: E402  (benchmarks/ is the script's folder)
 
 TP_RULES = [
     (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$", ("model", None)),
     (r"(o_proj|down_proj)\.weight$", (None, "model")),
     (r"(embed_tokens|lm_head)\.weight$", ("model", None)),
 ]
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> None:
-    """Restart this process's peak-RSS count (`VmHWM`) from its RSS now (Linux's clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak() -> int:
-    """Peak RSS since `_reset_peak` (`VmHWM`). Not `ru_maxrss`: Linux carries that across exec
-    from the forked parent, so a child would report the benchmark parent's memory."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _config(args):
