@@ -26,6 +26,7 @@ class of yours as a pytree), `JaxModule` (JAX modules as torch modules), and the
 """
 
 from . import coverage, generation, train, xla  # the public submodules
+from ._install import install_all, installed
 from .bridge.api._compile import Compiled, compile, jit
 from .bridge.api._export import export
 from .bridge.api._exported import from_exported
@@ -55,14 +56,16 @@ from .bridge.core._errors import (
 from .bridge.core._lazy import lazy, sync
 from .bridge.core._pytrees import register_object
 from .bridge.core._random import manual_seed
+from .bridge.core._registry import register_op
 from .bridge.dispatch._environment import default_env, disable_globally, enable_globally
 from .bridge.state._binding import ParamsError
 from .bridge.tensor._autograd import call_jax, jax_function_to_torch
 from .bridge.tensor._convert import jax_view, to_jax, to_torch, torch_view
 from .bridge.tensor._tensor import JaxTensor
 from .ops.collectives import collectives_axis
-from .ops.registry import register_op
 from .train import load_checkpoint, load_into, load_params, save_checkpoint
+
+install_all()  # everything jaxtorch changes in torch and JAX, in order, once (see `installed()`)
 
 __version__ = "0.1.0"
 
@@ -83,6 +86,7 @@ __all__ = [
     "export",
     "extract",
     "from_exported",
+    "installed",
     "jax_function_to_torch",
     "jax_view",
     "lazy",

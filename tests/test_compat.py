@@ -27,9 +27,9 @@ import torch.utils.hooks as torch_hooks
 
 import jaxtorch
 from jaxtorch.bridge.api import _jax_module
+from jaxtorch.bridge.core import _registry as registry
 from jaxtorch.bridge.core._errors import JaxtorchError, TorchVersionError
 from jaxtorch.bridge.dispatch import _autocast, _checkpointing, _custom_function, _remat
-from jaxtorch.ops import registry
 
 aten = torch.ops.aten
 

@@ -12,8 +12,8 @@ import torch
 
 import jaxtorch
 import jaxtorch.coverage as cov
+from jaxtorch.bridge.core import _registry as registry
 from jaxtorch.bridge.dispatch import _interpreter as interpreter
-from jaxtorch.ops import registry
 
 aten = torch.ops.aten
 

@@ -3,7 +3,7 @@ decompositions, and which it cannot run.
 
 An op overload is, exactly as the interpreter decides (both read its route,
 `jaxtorch.bridge.dispatch._routing.route(op).kind`):
-- **lowered**: it has a registered lowering (`jaxtorch.ops.registry`), or it is an
+- **lowered**: it has a registered lowering (`jaxtorch.bridge.core._registry`), or it is an
   in-place / `out=` variant of a lowered functional op, or the bridge handles it itself
   (`_to_copy`, `copy_`, `detach`, ...);
 - **decomposed**: no lowering, but PyTorch has a decomposition for it
@@ -51,9 +51,9 @@ with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
+from ..bridge.core import _registry as registry
 from ..bridge.core._dtypes import to_torch_dtype
 from ..bridge.dispatch._routing import SPECIAL_OPS, Kind, decomposition, mutated_args, route
-from ..ops import registry
 
 aten = torch.ops.aten
 LOWERED, DECOMPOSED, MISSING = "lowered", "decomposed", "missing"

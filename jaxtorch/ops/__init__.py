@@ -1,4 +1,7 @@
-"""ATen-to-JAX lowerings, one op family per module, all registered in `registry`.
+"""ATen-to-JAX lowerings, one op family per module, all registered in `jaxtorch.bridge.core._registry`.
+
+Importing this package fills that table and changes nothing in torch: the kernels some families
+record there (`keep_whole`, `kernel`) are registered with torch by `jaxtorch._install`.
 
 | module          | family                                                          |
 |-----------------|-----------------------------------------------------------------|
@@ -21,8 +24,6 @@
 """
 
 import importlib
-
-from . import registry  # noqa: F401
 
 for _family in [
     "elementwise",

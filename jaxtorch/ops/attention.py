@@ -35,8 +35,8 @@ import torch
 from jax import lax
 
 from ..bridge.core._random import next_key
+from ..bridge.core._registry import keep_whole, register
 from ._semantics import binary, broadcast_to
-from .registry import keep_whole, register
 
 aten = torch.ops.aten
 

@@ -42,7 +42,7 @@ from jax import lax
 
 from ..bridge.core import _tracing
 from ..bridge.core._errors import CollectiveError
-from .registry import register
+from ..bridge.core._registry import register
 
 if torch.distributed.is_available():
     import torch.distributed._functional_collectives  # noqa: F401  (defines `_wrap_tensor_autograd`)

@@ -27,7 +27,7 @@ import torch
 from jax import lax
 
 from ..bridge.core._dtypes import canonical_int, check_int_value, default_float
-from .registry import register
+from ..bridge.core._registry import register
 
 aten = torch.ops.aten
 

@@ -37,6 +37,7 @@ from jax import lax
 
 from ..bridge.core._checks import check_nonzero_divisor
 from ..bridge.core._dtypes import x64_enabled
+from ..bridge.core._registry import register
 from ._accumulate import opmath
 from ._derivatives import torch_derivative
 from ._semantics import (
@@ -50,7 +51,6 @@ from ._semantics import (
     is_array,
     to_float,
 )
-from .registry import register
 
 aten = torch.ops.aten
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from ..bridge.core._dtypes import default_float
+from ..bridge.core._registry import register
 from ._semantics import canon_dim
-from .registry import register
 
 aten = torch.ops.aten
 

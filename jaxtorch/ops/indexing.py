@@ -36,8 +36,8 @@ import torch
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check_index
 from ..bridge.core._dtypes import canonical_int, check_int_value
+from ..bridge.core._registry import register
 from ._semantics import canon_dim, category, is_array, result_type
-from .registry import register
 
 aten = torch.ops.aten
 

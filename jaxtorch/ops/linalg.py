@@ -29,9 +29,9 @@ from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-export
 from jax.lax import linalg as lax_linalg
 
 from ..bridge.core._dtypes import canonical_int
+from ..bridge.core._registry import register, versioned
 from ._accumulate import accumulation_dtype, is_half, opmath, round_to, upcast
 from ._semantics import binary, canon_dim, category, is_array, result_type, to_float, to_real
-from .registry import register, versioned
 
 aten = torch.ops.aten
 

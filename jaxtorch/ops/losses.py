@@ -27,10 +27,10 @@ from jax import lax
 
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check
+from ..bridge.core._registry import keep_whole, register
 from ._derivatives import torch_derivative
 from ._semantics import result_type
 from .nn import _opmath, _vjp
-from .registry import keep_whole, register
 
 aten = torch.ops.aten
 

@@ -35,11 +35,11 @@ from jax import lax
 from ..bridge.core._checks import ON as _CHECKS
 from ..bridge.core._checks import check, check_index
 from ..bridge.core._dtypes import canonical_int
+from ..bridge.core._registry import keep_whole, kernel, register
 from ._accumulate import accumulation_dtype, is_half, opmath, upcast
 from ._accumulate import upcast as _opmath
 from ._derivatives import torch_derivative
 from ._semantics import binary, broadcast_to, category, result_type
-from .registry import keep_whole, register
 
 aten = torch.ops.aten
 
@@ -629,9 +629,8 @@ def _batch_norm_autograd(input, weight, bias, running_mean, running_var, trainin
     return out, mean, invstd
 
 
-_bn_lib = torch.library.Library("aten", "IMPL")
-_bn_lib.impl("native_batch_norm", _batch_norm_autograd, "AutogradPrivateUse1")
-_bn_lib.impl("_native_batch_norm_legit", _batch_norm_autograd, "AutogradPrivateUse1")
+kernel("native_batch_norm", _batch_norm_autograd, "AutogradPrivateUse1")
+kernel("_native_batch_norm_legit", _batch_norm_autograd, "AutogradPrivateUse1")
 
 
 @register(aten._native_batch_norm_legit.no_stats)
@@ -1027,9 +1026,8 @@ def _rrelu_with_noise_inplace_autograd(self, noise, lower=0.125, upper=1.0 / 3.0
     return self.copy_(_rrelu_with_noise_autograd(self, noise, lower, upper, training, generator))
 
 
-_rrelu_lib = torch.library.Library("aten", "IMPL")
-_rrelu_lib.impl("rrelu_with_noise", _rrelu_with_noise_autograd, "AutogradPrivateUse1")
-_rrelu_lib.impl("rrelu_with_noise_", _rrelu_with_noise_inplace_autograd, "AutogradPrivateUse1")
+kernel("rrelu_with_noise", _rrelu_with_noise_autograd, "AutogradPrivateUse1")
+kernel("rrelu_with_noise_", _rrelu_with_noise_inplace_autograd, "AutogradPrivateUse1")
 
 
 @register(aten.leaky_relu_backward.default)

@@ -38,8 +38,8 @@ import torch
 from jax import lax
 
 from ..bridge.core._dtypes import canonical_int, default_float
+from ..bridge.core._registry import register
 from ._semantics import category, is_array, to_float
-from .registry import register
 
 prims = torch.ops.prims
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..bridge.core._dtypes import canonical_int, default_float
-from .registry import register
+from ..bridge.core._registry import register
 
 aten = torch.ops.aten
 

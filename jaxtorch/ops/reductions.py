@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from ..bridge.core._dtypes import canonical_int, default_float, to_torch_dtype
+from ..bridge.core._registry import register
 from ._accumulate import opmath
 from ._semantics import canon_dim, canon_dims, category, result_type, to_real
-from .registry import register
 from .sorting import stable_argsort
 
 aten = torch.ops.aten

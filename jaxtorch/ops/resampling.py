@@ -29,8 +29,8 @@ import torch
 from jax import lax
 
 from ..bridge.core._dtypes import canonical_int
+from ..bridge.core._registry import register
 from .nn import _opmath, _scatter_by_index, _vjp
-from .registry import register
 
 aten = torch.ops.aten
 

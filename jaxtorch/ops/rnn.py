@@ -49,7 +49,7 @@ from jax import lax
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..bridge.core._random import next_key
-from .registry import keep_whole, register, vjp_node
+from ..bridge.core._registry import keep_whole, register, vjp_node
 
 aten = torch.ops.aten
 Array = jax.Array

@@ -29,8 +29,8 @@ from jax import lax
 from jax.extend.core import concrete_or_error
 
 from ..bridge.core._dtypes import to_torch_dtype
+from ..bridge.core._registry import keep_whole, lookup, register
 from ._semantics import canon_dim
-from .registry import keep_whole, lookup, register
 
 aten = torch.ops.aten
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from ..bridge.core._dtypes import canonical_int
+from ..bridge.core._registry import register
 from ._semantics import canon_dim, is_array, result_type
-from .registry import register
 
 aten = torch.ops.aten
 

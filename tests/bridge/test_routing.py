@@ -12,9 +12,9 @@ import torch
 import jaxtorch
 import jaxtorch.coverage as cov
 import jaxtorch.xla as xm
+from jaxtorch.bridge.core import _registry as registry
 from jaxtorch.bridge.dispatch import _interpreter as interpreter
 from jaxtorch.bridge.dispatch._routing import SPECIAL_OPS, Kind, route
-from jaxtorch.ops import registry
 
 aten = torch.ops.aten
 

@@ -93,7 +93,7 @@ def test_register_custom_op_with_custom_vjp():
 
 
 def test_override_builtin_lowering():
-    from jaxtorch.ops import registry
+    from jaxtorch.bridge.core import _registry as registry
 
     aten = torch.ops.aten
     original = registry.lookup(aten.tanh.default)

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jaxtorch
+from jaxtorch.bridge.core._float_bits import f32_reciprocal
 from jaxtorch.bridge.dispatch._grad_scaler import inverse_scale
-from jaxtorch.ops.amp import f32_reciprocal
 from tests._dtypes import enable_x64
 
 INF, NAN = float("inf"), float("nan")

@@ -32,7 +32,7 @@ import torch.utils._pytree as torch_pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from ...ops import registry
+from ..core import _registry as registry
 from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype
 from ..core._errors import ExportedInputError, ExportedProgramError, UnsupportedOpError

@@ -392,15 +392,6 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [fn(x) for x in leaves])
 
 
-# `torch.Size` (a shape returned by torch code, e.g. `torch.broadcast_shapes`): its ints are the
-# children, as torch's own pytree has it
-register(torch.Size, lambda s: (tuple(s), None), lambda _, c: torch.Size(c), torch_too=False)
-
-for _name in dir(torch.return_types):
-    _cls = getattr(torch.return_types, _name)
-    if isinstance(_cls, type) and issubclass(_cls, tuple) and _cls.__module__ == "torch.return_types":
-        _register_structseq(_cls)
-
 # ---- Hugging Face caches are registered as soon as transformers defines them ---------------
 import importlib.abc as _abc  # noqa: E402
 import importlib.util as _util  # noqa: E402
@@ -435,7 +426,23 @@ class _AfterImport(_abc.MetaPathFinder, _abc.Loader):
         _register_hf_caches(module.Cache)
 
 
-if _CACHE_MODULE in _sys.modules:  # imported before jaxtorch: register its caches now
-    _register_hf_caches(_sys.modules[_CACHE_MODULE].Cache)
-else:
-    _sys.meta_path.insert(0, _AfterImport())
+def install() -> None:
+    """Register torch's own containers in JAX's pytree registry, and Hugging Face's caches as
+    soon as transformers defines them (idempotent; `jaxtorch._install` calls it).
+
+    `torch.Size` (a shape returned by torch code, e.g. `torch.broadcast_shapes`) has its ints as
+    children, as torch's own pytree has it; each `torch.return_types` structseq is a node; and
+    `transformers.cache_utils`' caches are registered now if it is imported, else by a finder put
+    first in `sys.meta_path` that registers them right after its import (and removes itself).
+
+    **Example:** `install(); jax.tree_util.tree_leaves(torch.Size([2, 3]))` is `[2, 3]`.
+    """
+    register(torch.Size, lambda s: (tuple(s), None), lambda _, c: torch.Size(c), torch_too=False)  # (once)
+    for name in dir(torch.return_types):
+        cls = getattr(torch.return_types, name)
+        if isinstance(cls, type) and issubclass(cls, tuple) and cls.__module__ == "torch.return_types":
+            _register_structseq(cls)
+    if _CACHE_MODULE in _sys.modules:  # imported before jaxtorch: register its caches now
+        _register_hf_caches(_sys.modules[_CACHE_MODULE].Cache)
+    elif not any(isinstance(f, _AfterImport) for f in _sys.meta_path):
+        _sys.meta_path.insert(0, _AfterImport())

@@ -3,10 +3,6 @@
 How an ATen op on the `jax` device reaches its JAX lowering: the routing, the interpreter
 that builds one runner per op, the foreach ops, and the torch modes that turn it all on.
 
-Importing this layer registers the "jax" torch.distributed backend (`_collectives`), so
-`import jaxtorch` does: `dist.init_process_group("jax", ...)` then runs collectives as JAX ones.
+`import jaxtorch` registers the "jax" torch.distributed backend (`_collectives.install_jax_backend`,
+called by `jaxtorch._install`): `dist.init_process_group("jax", ...)` then runs collectives as JAX ones.
 """
-
-from ._collectives import install_jax_backend
-
-install_jax_backend()

@@ -285,6 +285,3 @@ def state() -> tuple:
     if not torch.is_autocast_enabled(DEVICE_TYPE):
         return (False,)
     return (True, torch.get_autocast_dtype(DEVICE_TYPE))
-
-
-install()

@@ -288,7 +288,6 @@ def install() -> None:
     function's `__dynamo_disable` attribute holds: `checkpoint` above goes there, so every
     reference to torch's function (Hugging Face imports it by name) reaches it.
     """
-    _remat.install()
     wrapped = getattr(_tc.checkpoint, "__wrapped__", None)
     called = _calls(wrapped) if wrapped is not None else set()
     name = next((n for n in GENERATORS if n in called), None)
@@ -305,6 +304,3 @@ def install() -> None:
     _tc.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
     if wrapped is not None and "__dynamo_disable" in _tc.checkpoint.__code__.co_names:
         wrapped.__dynamo_disable = checkpoint
-
-
-install()

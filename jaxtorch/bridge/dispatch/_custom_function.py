@@ -351,6 +351,3 @@ def _sum_to(g, shape: tuple, cls, i: int):
             f"Function {cls.__name__}Backward returned an invalid gradient at index {i} - got {list(g.shape)} "
             f"but expected shape compatible with {list(shape)}"
         ) from None
-
-
-install()

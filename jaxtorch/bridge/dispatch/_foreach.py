@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ...ops import registry
+from ..core import _registry as registry
 
 aten = torch.ops.aten
 

@@ -5,8 +5,8 @@ torch's `GradScaler` runs on the jax device as written, through the lowerings of
 (scalers on other devices run torch's code unchanged):
 
 - `unscale_` computes the inverse scale as `scale.double().reciprocal().float()`, which needs
-  float64; here it is `ops.amp.f32_reciprocal` of the scale, the same float32 value (the correctly
-  rounded reciprocal) without 64-bit mode, recorded like any op in lazy mode and traced under jit.
+  float64; here it is `f32_reciprocal` (`bridge/core/_float_bits.py`) of the scale, the same float32 value (the
+  correctly rounded reciprocal) without 64-bit mode, recorded like any op in lazy mode and traced under jit.
 - `step` skips `optimizer.step()` when an inf/NaN was found, by reading `found_inf.item()`. Eagerly
   and in lazy mode (where `.item()` runs the pending graph) that is what happens here too. Under
   a JAX trace (`jaxtorch.jit`, `jaxtorch.compile`) the value is not known when the step is traced,
@@ -39,10 +39,10 @@ import jax
 import torch
 from torch.amp.grad_scaler import GradScaler, OptState
 
-from ...ops.amp import f32_reciprocal
 from ..core import _lazy as lazy
 from ..core import _pytrees as pytrees
 from ..core._errors import GradScalerError
+from ..core._float_bits import f32_reciprocal
 from ..tensor._tensor import JaxTensor, labelled, root, root_data
 
 _Tracer = jax.core.Tracer
@@ -196,6 +196,3 @@ def _unflatten(aux, children) -> GradScaler:
     copy = pytrees.object_rebuild(GradScaler, names, tuple(children), static)
     _COPIES.add(copy)
     return copy
-
-
-install()

@@ -299,6 +299,3 @@ def install() -> None:
         torch.Tensor.register_hook = _register_hook  # type: ignore[method-assign]
     if torch_hooks.BackwardHook._apply_on_tensors is not _apply_on_tensors:
         torch_hooks.BackwardHook._apply_on_tensors = _apply_on_tensors  # type: ignore[method-assign]
-
-
-install()

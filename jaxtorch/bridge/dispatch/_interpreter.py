@@ -9,7 +9,7 @@ executor chosen for that call (`core._executor`: `LAZY` in lazy mode outside a J
 else `EAGER`), which runs or records the lowering. Which runner is decided by the op's route
 (`_routing.route`, the table `jaxtorch.coverage` reads too):
 
-1. a registered lowering (`jaxtorch.ops.registry`) runs on the unwrapped arguments;
+1. a registered lowering (`jaxtorch.bridge.core._registry`) runs on the unwrapped arguments;
 2. in-place (`add_`) and `out=` overloads run the functional overload and write back;
 3. otherwise PyTorch's own decomposition (`torch._decomp`) runs, on `JaxTensor`s;
 4. otherwise `UnsupportedOpError` names the op and how to register a lowering.
@@ -33,9 +33,8 @@ from jax._src import core as _jax_core
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ... import ops as _ops  # noqa: F401  (registers all lowerings)
-from ...ops import registry
 from ..core import _lazy as lazy
+from ..core import _registry as registry
 from ..core import _tracing as tracing
 from ..core._checks import ON as _CHECKS
 from ..core._checks import meta_error
@@ -64,6 +63,7 @@ from . import _meta_likes as meta_likes
 from . import _result_dtype
 from . import _writes as writes
 from ._routing import Kind, Route, is_factory_sibling, route
+from ._routing import clear as route_clear
 from ._routing import functional_sibling as _functional_sibling
 from ._routing import mutated_args as _mutated_args
 
@@ -73,7 +73,6 @@ _ArrayImpl = type(jax.numpy.zeros(()))
 _Lazy = lazy.LazyArray
 _LAZY_ON = lazy.ACTIVE
 _local = threading.local()
-foreach.enable_for_optimizers(JaxTensor)  # AdamW & co. on the jax device: one call per foreach op
 
 
 # ---- thread-local state set by call_torch / enable_globally ------------------------------
@@ -678,10 +677,16 @@ def _forget_runners() -> None:
     _RUNNERS.clear()
 
 
-# Every registry change (register, unregister, register_op, notify) reaches each cache built from
-# lowerings: routes (`_routing`), runners (here), the executors' compiled programs.
-for _listener in (_forget_runners, lazy.clear_cache):  # (eager jits live in the runners' `OpCall`s)
-    registry.subscribe(_listener)
+def install_listeners() -> None:
+    """Subscribe every cache built from lowerings to the registry (idempotent; `jaxtorch._install`
+    calls it): each change (register, unregister, register_op, notify) then reaches the routes
+    (`_routing`), the runners (here) and the lazy executor's compiled programs (eager jits live in
+    the runners' `OpCall`s).
+
+    **Example:** `install_listeners(); registry.notify()` forgets every route and runner.
+    """
+    for listener in (route_clear, _forget_runners, lazy.clear_cache):
+        registry.subscribe(listener)
 
 
 def invalidate_cache() -> None:
@@ -1037,11 +1042,7 @@ def _to_copy_kernel(
     return _to_copy(EAGER, (x,), {"dtype": dtype, "device": device})
 
 
-_backend_lib = torch.library.Library("aten", "IMPL")
-_backend_lib.impl("_copy_from", _copy_from, "PrivateUse1")
-_backend_lib.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
-_backend_lib.impl("empty.memory_format", _empty, "PrivateUse1")
-_backend_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+_backend_lib: list[torch.library.Library] = []  # the library holding the kernels below, once installed
 
 
 def _is_lowered_factory(op) -> bool:
@@ -1088,18 +1089,27 @@ def _register_factory_kernels() -> list:
                 continue
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
                 continue  # (`empty`, `empty_strided`: the kernels above)
-            _backend_lib.impl(op.name().split("::")[1], _factory_kernel(op), "PrivateUse1")
+            _backend_lib[0].impl(op.name().split("::")[1], _factory_kernel(op), "PrivateUse1")
             done.append(op)
     return done
 
 
-FACTORY_KERNELS = _register_factory_kernels()
+FACTORY_KERNELS: list = []  # the factories given a kernel by `install_backend`
 
 
-_tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
+def install_backend() -> None:
+    """Register the `jax` device's own backend kernels (idempotent; `jaxtorch._install` calls it,
+    after the lowerings are registered): `_copy_from`, `_to_copy`, `empty`, `empty_strided`, and
+    one per lowered factory (`_register_factory_kernels`).
 
-# torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations;
-# torch.cond / while_loop / scan / map on the jax device; torch.amp.GradScaler on the jax device
-from . import _autocast, _checkpointing, _control_flow, _custom_function, _grad_scaler, _hooks  # noqa: E402, F401
-
-_control_flow.install(JaxDispatchMode)
+    **Example:** `install_backend(); torch.arange(3, device="jax")`.
+    """
+    if _backend_lib:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    _backend_lib.append(lib)
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
+    lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    FACTORY_KERNELS[:] = _register_factory_kernels()

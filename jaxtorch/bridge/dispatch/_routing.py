@@ -22,7 +22,7 @@ The kinds, in the order they are tried:
 | `unsupported`        | raises `UnsupportedOpError`                                              |
 
 Routes are cached per op and forgotten whenever the registry changes (it notifies its
-subscribers, see `jaxtorch.ops.registry.subscribe`).
+subscribers, see `jaxtorch.bridge.core._registry.subscribe`).
 
 Example:
     ```python
@@ -41,8 +41,7 @@ from typing import Any
 import torch
 from torch._decomp import decomposition_table
 
-from ... import ops as _ops  # noqa: F401  (registers all lowerings)
-from ...ops import registry
+from ..core import _registry as registry
 from . import _foreach as foreach
 
 aten = torch.ops.aten
@@ -132,9 +131,6 @@ def route(op) -> Route:
 def clear() -> None:
     """Forget every cached route (subscribed to the registry below)."""
     _ROUTES.clear()
-
-
-registry.subscribe(clear)
 
 
 # ---- the classification ------------------------------------------------------------------------

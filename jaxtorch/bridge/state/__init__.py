@@ -6,10 +6,6 @@ compiled train step's state, the mesh-axes region, and the entry points above. A
 moving modules across the jax device keeping their Parameter objects (`_moves`),
 convolution layouts and named scopes.
 
-Importing this layer installs the module moves (`Module.to("jax")`, `.cpu()`, `.to_empty`),
-so `import jaxtorch` does.
+`import jaxtorch` installs the module moves (`Module.to("jax")`, `.cpu()`, `.to_empty`:
+`_moves.install_module_moves`, called by `jaxtorch._install`).
 """
-
-from ._moves import install_module_moves
-
-install_module_moves()

@@ -133,7 +133,7 @@ def _own_root(p: torch.Tensor) -> None:
 
 def install_module_moves() -> None:
     """Make `Module.to`, `.cpu` and `.to_empty` keep Parameter objects across the jax device
-    (idempotent; `jaxtorch.bridge.state` calls it at import, so `import jaxtorch` does).
+    (idempotent; `jaxtorch._install` calls it, so `import jaxtorch` does).
 
     Example: `install_module_moves(); opt = SGD(m.parameters()); m.to("jax")` (opt still works).
     """

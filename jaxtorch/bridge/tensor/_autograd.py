@@ -23,7 +23,6 @@ import jax
 import numpy as np
 import torch
 
-from ...ops import registry
 from ..core import _tracing
 from ._convert import tensor_to_jax, tree_map
 from ._tensor import JaxTensor
@@ -162,7 +161,5 @@ def jax_function_to_torch(fn: Callable) -> Callable:
 
     return wrapper
 
-
-registry.install_vjp_node(call_jax)  # what `keep_whole` ops (RNNs) record: one node, backward jax.vjp
 
 __all__ = ["call_jax", "jax_function_to_torch", "np"]

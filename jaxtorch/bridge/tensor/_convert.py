@@ -462,4 +462,14 @@ def _register_tensors_as_jax_inputs() -> bool:
     return True
 
 
-TENSORS_ARE_JAX_INPUTS = _register_tensors_as_jax_inputs()
+TENSORS_ARE_JAX_INPUTS = False  # whether `install` registered torch tensors as JAX inputs
+
+
+def install() -> None:
+    """Let JAX take torch tensors as inputs (`_register_tensors_as_jax_inputs`; idempotent;
+    `jaxtorch._install` calls it) and note whether this JAX allowed it (`TENSORS_ARE_JAX_INPUTS`).
+
+    **Example:** `install(); jax.numpy.sin(torch.ones(2))`.
+    """
+    global TENSORS_ARE_JAX_INPUTS
+    TENSORS_ARE_JAX_INPUTS = _register_tensors_as_jax_inputs()

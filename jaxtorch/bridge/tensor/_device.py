@@ -350,7 +350,15 @@ _ONE_ACCELERATOR = (
 )
 
 
-def _setup() -> torch.device:
+def install() -> None:
+    """Make torch's PrivateUse1 backend the `jax` device (idempotent; `jaxtorch._install` calls it).
+
+    Renames PrivateUse1 to "jax", registers `torch.jax` (the device module torch asks by name),
+    and loads the C++ device guard (compiling it the first time) or, without one, keeps the
+    exceptions torch's Python guard loses in backward.
+
+    **Example:** `install(); torch.zeros(2, device="jax")`.
+    """
     global CPP_GUARD
     if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
         torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
@@ -359,11 +367,11 @@ def _setup() -> torch.device:
             _keep_backward_errors()
         _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=DEVICE_MODULE)
         if torch.cuda.is_available():
-            warnings.warn(_ONE_ACCELERATOR, stacklevel=3)
-    return torch.device(DEVICE_TYPE, 0)
+            warnings.warn(_ONE_ACCELERATOR, stacklevel=4)
 
 
-JAX_DEVICE: torch.device = _setup()
+# PrivateUse1's first device: it reads "jax:0" once `install` has renamed the backend
+JAX_DEVICE: torch.device = torch.device("privateuseone", 0)
 
 
 def is_jax_device(device) -> bool:

@@ -103,6 +103,3 @@ def install() -> None:
     """
     if torch.Generator is _TorchGenerator:
         torch.Generator = Generator  # type: ignore[misc]
-
-
-install()

@@ -582,7 +582,13 @@ def _settle(tensors: list, reason: str | None) -> None:
             t._jt_version = -1
 
 
-_lazy.install_settle(_settle)
+def install_settle() -> None:
+    """Give the lazy executor (below) the walk over live tensors that `sync` needs (`_settle`;
+    `jaxtorch._install` calls it, so the core never imports this layer).
+
+    **Example:** `install_settle(); jaxtorch.sync()`.
+    """
+    _lazy.install_settle(_settle)
 
 
 # ---- accessors: the only way other modules read or change a tensor's private fields ----------
@@ -650,6 +656,3 @@ def view_fn(t: JaxTensor) -> Callable | None:
     Example: `make_view(r, view_fn(t)(r.elem), view_fn(t))` is `t` again, on the root `r`.
     """
     return t._jt_view_fn if t._jt_base is not None else None
-
-
-_serialization.install(JaxTensor)  # `torch.load(..., map_location="jax")`

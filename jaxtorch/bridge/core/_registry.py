@@ -7,7 +7,7 @@ arrives unchanged. It returns a `jax.Array`, or a tuple/list of them for multi-o
 
 Example:
     ```python
-    from jaxtorch.ops.registry import register
+    from jaxtorch.bridge.core._registry import register
     aten = torch.ops.aten
 
     @register(aten.hypot)              # every overload of aten::hypot
@@ -189,7 +189,7 @@ def versioned(*names: str) -> tuple[torch._ops.OpOverload, ...]:
     found = []
     for name in names:
         if name not in VERSIONED_OPS:
-            raise KeyError(f"jaxtorch: {name!r} is not in ops.registry.VERSIONED_OPS; list it there first")
+            raise KeyError(f"jaxtorch: {name!r} is not in the registry's VERSIONED_OPS; list it there first")
         base, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, base, None), overload or "default", None)
         if op is not None:
@@ -197,7 +197,42 @@ def versioned(*names: str) -> tuple[torch._ops.OpOverload, ...]:
     return tuple(found)
 
 
-_whole_lib = torch.library.Library("aten", "IMPL")
+# ---- the `jax` device's ATen kernels the lowerings need (registered with torch by `install_kernels`) --
+# (name.overload, kernel, dispatch key), in the order recorded
+_KERNELS: list[tuple[str, Callable[..., Any], str]] = []
+_kernel_lib: list[torch.library.Library] = []  # the library holding them, once installed
+
+
+def kernel(name: str, fn: Callable[..., Any], key: str) -> None:
+    """Record `fn` as the kernel of the ATen op `name` at the dispatch key `key` (`"PrivateUse1"`,
+    `"AutogradPrivateUse1"`); `install_kernels` registers it with torch (at once if it already ran).
+
+    **Arguments:**
+    - `name`: the op's `"name.overload"` without the `aten::` prefix (`"native_batch_norm"`).
+    - `fn`: the kernel, with the op's signature.
+    - `key`: the dispatch key it serves.
+
+    **Returns:** None.
+
+    **Example:** `kernel("native_batch_norm", _batch_norm_autograd, "AutogradPrivateUse1")`.
+    """
+    _KERNELS.append((name, fn, key))
+    if _kernel_lib:
+        _kernel_lib[0].impl(name, fn, key)
+
+
+def install_kernels() -> None:
+    """Register every recorded kernel (`kernel`, `keep_whole`) with torch, in one `aten` library
+    (idempotent; `jaxtorch._install` calls it once the lowerings are imported).
+
+    **Example:** `install_kernels()`; then `torch.narrow` on a jax tensor reaches its lowering whole.
+    """
+    if _kernel_lib:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    _kernel_lib.append(lib)
+    for name, fn, key in _KERNELS:
+        lib.impl(name, fn, key)
 
 
 def _any_requires_grad(args) -> bool:
@@ -219,6 +254,8 @@ def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> N
     `jax` device requires grad), the `AutogradPrivateUse1` kernel runs `recorded` instead
     (default: torch's own decomposition), which autograd differentiates.
 
+    The two kernels are recorded here and registered with torch by `install_kernels`.
+
     Example: `keep_whole(torch.ops.aten.rms_norm.default)`.
     """
     name = op.name().split("::")[1]  # includes the overload unless it is "default"
@@ -233,8 +270,8 @@ def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> N
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
 
-    _whole_lib.impl(name, backend, "PrivateUse1")
-    _whole_lib.impl(name, autograd, "AutogradPrivateUse1")
+    kernel(name, backend, "PrivateUse1")
+    kernel(name, autograd, "AutogradPrivateUse1")
 
 
 # ---- one torch autograd node for a whole op (the runner is installed from the tensor layer) -----
@@ -245,7 +282,7 @@ def install_vjp_node(run: Callable[..., Any]) -> None:
     """Install `run(fn, *args, **kwargs)`, which runs the JAX function `fn` on torch tensors as
     one torch autograd node whose backward is `jax.vjp` of `fn` (`vjp_node` calls it).
 
-    The tensor layer installs `call_jax` when it is imported (`bridge/tensor/_autograd.py`), so
+    `jaxtorch._install` installs the tensor layer's `call_jax` (`bridge/tensor/_autograd.py`), so
     lowerings can name that node here without importing upward.
     """
     _VJP_NODE[:] = [run]
