@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from . import ops  # noqa: F401  (importing the lowerings fills the registry; it changes nothing in torch)
+from .bridge.api import _exported
 from .bridge.core import _pytrees, _registry
 from .bridge.dispatch import (
     _autocast,
@@ -159,6 +160,11 @@ INSTALLS: tuple[Install, ...] = (
         _moves.install_module_moves,
     ),
     Install("collectives", "torch.distributed: the 'jax' process-group backend", _collectives.install_jax_backend),
+    Install(
+        "export-marks",
+        "torch.library custom ops jaxtorch::stop_gradient and jaxtorch::keep_tangent (from_exported's gradient cuts)",
+        _exported.install_marks,
+    ),
 )
 
 _DONE: list[Installed] = []

@@ -49,33 +49,45 @@ aten = torch.ops.aten
 
 # ---- marking what torch's decomposition forgets --------------------------------------------
 # `run_decompositions` inlines `torch.no_grad()` regions and turns `.detach()` into `alias`: two
-# custom ops, which it keeps, carry torch's gradient cuts through it (`core._autodiff`).
-@torch.library.custom_op("jaxtorch::stop_gradient", mutates_args=())
-def _stop_gradient_mark(x: torch.Tensor) -> torch.Tensor:
-    """A value torch does not differentiate (a `no_grad` region's result, a `.detach()`), lowered
-    to `lax.stop_gradient`."""
-    return x.clone()
+# custom ops, which it keeps, carry torch's gradient cuts through it (`core._autodiff`); `install_marks`
+# defines them (`_STOP`, `_KEEP`).
+_STOP: Any = None
+_KEEP: Any = None
 
 
-@_stop_gradient_mark.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
+def install_marks() -> None:
+    """Define the custom ops `jaxtorch::stop_gradient` (a value torch does not differentiate: a
+    `no_grad` region's result, a `.detach()`; lowered to `lax.stop_gradient`) and
+    `jaxtorch::keep_tangent` (a tensor written in place under `no_grad`: `new`'s values, `old`'s
+    place in the graph, `core._autodiff.keep_tangent`). Idempotent; `jaxtorch._install` calls it.
+
+    **Example:** `install_marks(); torch.ops.jaxtorch.stop_gradient(torch.ones(2))`.
+    """
+    global _STOP, _KEEP
+    if _STOP is not None:
+        return
+
+    @torch.library.custom_op("jaxtorch::stop_gradient", mutates_args=())
+    def stop_gradient_mark(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @stop_gradient_mark.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    @torch.library.custom_op("jaxtorch::keep_tangent", mutates_args=())
+    def keep_tangent_mark(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        return new.clone()
+
+    @keep_tangent_mark.register_fake
+    def _(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(new)
+
+    _STOP = torch.ops.jaxtorch.stop_gradient.default
+    _KEEP = torch.ops.jaxtorch.keep_tangent.default
+    _OWN[_STOP], _OWN[_KEEP] = stop_gradient, keep_tangent
 
 
-@torch.library.custom_op("jaxtorch::keep_tangent", mutates_args=())
-def _keep_tangent_mark(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """A tensor written in place under `no_grad`: `new`'s values, `old`'s place in the graph
-    (`core._autodiff.keep_tangent`)."""
-    return new.clone()
-
-
-@_keep_tangent_mark.register_fake
-def _(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(new)
-
-
-_STOP = torch.ops.jaxtorch.stop_gradient.default
-_KEEP = torch.ops.jaxtorch.keep_tangent.default
 _GRAD_REGION = torch.ops.higher_order.wrap_with_set_grad_enabled
 
 
@@ -252,9 +264,7 @@ def _ignore(*args, **kwargs):
     return None
 
 
-_OWN: dict[Any, Callable] = {
-    _STOP: stop_gradient,
-    _KEEP: keep_tangent,
+_OWN: dict[Any, Callable] = {  # (and `_STOP`, `_KEEP`: see `install_marks`)
     aten.detach.default: stop_gradient,  # (a program decomposed before: its detaches as they are left)
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
