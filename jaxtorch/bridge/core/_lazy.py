@@ -718,7 +718,7 @@ _settle: list[Callable[[list, str | None], None]] = [_settle_nothing]
 def install_settle(fn: Callable[[list, str | None], None]) -> None:
     """Install `fn(tracked, reason)`, which executes what the live `tracked` objects (those
     given to `track`) hold pending and stores the values in them; `sync` calls it. The
-    tensor layer installs it at import (this layer knows no tensors).
+    tensor layer's walk is installed by `jaxtorch/_install.py` (this layer knows no tensors).
 
     **Example:**
         ```python

@@ -8,7 +8,7 @@ torch tensors through `jaxtorch.to_jax` / `torch_view` / `jaxtorch.jit`.
 
 Registered automatically, the first time a value crosses the bridge (`walk` notices
 unknown types while it flattens):
-- `torch.return_types.*` (`torch.sort`, `torch.max(dim=...)`), on import;
+- `torch.return_types.*` (`torch.sort`, `torch.max(dim=...)`), by `install` (`import jaxtorch`);
 - dataclasses and Hugging Face `ModelOutput`s, field by field;
 - every Hugging Face `transformers.cache_utils` cache and cache layer (`DynamicCache`,
   `StaticCache`, sliding-window, hybrid/linear-attention, `EncoderDecoderCache`,

@@ -20,9 +20,10 @@ interpreter runs the functional overload and writes the result back (see
 `jaxtorch.bridge.dispatch._routing`). Keys may be an `OpOverload` (`aten.add.Tensor`), an
 `OpOverloadPacket` (`aten.add`, all overloads) or a custom op (`torch.ops.mylib.bar`).
 
-This module is the ground floor: it imports nothing from `jaxtorch.bridge`. The layers above
-that cache what they derived from the table (routes, runners, compiled programs) `subscribe`
-to it; `register`, `unregister` and `register_op` all `notify` them.
+This module is the ground floor: it imports nothing from jaxtorch, and it lives in the bridge's
+core so that no `bridge/` module imports `jaxtorch.ops`. The layers above that cache what they
+derived from the table (routes, runners, compiled programs) `subscribe` to it (connected by
+`jaxtorch/_install.py`); `register`, `unregister` and `register_op` all `notify` them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ arguments, then runs the op below the key, so autograd records the casts (gradie
 float32 weights in float32), eagerly, in lazy mode and under `jaxtorch.compile`/`jit`. Ops
 not listed fall through unchanged. The lists are torch's CPU autocast lists
 (`aten/src/ATen/autocast_mode.cpp`, `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`), read from the
-installed torch at import (they differ between releases): every op with an `AutocastCPU` kernel,
+installed torch by `install` (`import jaxtorch`; they differ between releases): every op with an `AutocastCPU` kernel,
 its policy found by calling it under `torch.autocast("cpu")` on storage-less probe tensors
 (`probe_cpu_policy`):
 

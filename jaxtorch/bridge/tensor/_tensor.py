@@ -57,7 +57,7 @@ _dispatch: Callable = _no_dispatch  # the interpreter's `dispatch(func, args, kw
 def install_dispatch(fn: Callable) -> None:
     """Make `fn(func, args, kwargs)` run every ATen op on a `JaxTensor`.
 
-    The dispatch layer (above this one) installs its interpreter here when it is imported,
+    `jaxtorch/_install.py` installs the dispatch layer's interpreter (above this one) here,
     so this module never imports it; `JaxTensor.__torch_dispatch__` calls `fn` directly
     (through `_device.engine_entry` when torch's Python guard is used).
 
