@@ -48,6 +48,7 @@ import torch
 from jax import lax
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..bridge.core._errors import TracedSizesError
 from ..bridge.core._random import next_key
 from ..bridge.core._registry import keep_whole, register, vjp_node
 
@@ -208,20 +209,9 @@ def run_layers(
 
 
 # ---- packed sequences: concrete batch sizes -> gather indices and a mask ---------------------
-class _TracedSizes(jax.errors.ConcretizationTypeError):
-    """Lengths / batch sizes of a packed sequence are traced. A `ConcretizationTypeError`: an
-    eager call then runs unjitted, and under `jax.jit` the interpreter raises `DataDependentError`."""
-
-    def __str__(self) -> str:
-        return (
-            "the lengths / batch sizes of a PackedSequence are traced here; torch keeps them on the CPU: "
-            "pack with lengths given as a CPU tensor or a constant, not as an input of the jitted function"
-        )
-
-
 def _concrete_sizes(sizes) -> np.ndarray:
     if isinstance(sizes, jax.core.Tracer):
-        raise _TracedSizes(sizes, "")
+        raise TracedSizesError(sizes, "")
     return np.asarray(sizes).astype(np.int64)
 
 

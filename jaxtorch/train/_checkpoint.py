@@ -37,6 +37,8 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from ..bridge.core._errors import CheckpointError
+
 FORMAT = "jaxtorch.checkpoint/1"
 
 # NumPy dtypes safetensors.numpy cannot read back: stored as same-width unsigned views.
@@ -46,10 +48,6 @@ _VIEWED = {
     np.dtype(ml_dtypes.float8_e5m2): np.uint8,
 }
 _NAMED_DTYPES = {str(d): d for d in _VIEWED}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read (missing, truncated, corrupted, not a checkpoint)."""
 
 
 # ---- tree <-> JSON ---------------------------------------------------------------------

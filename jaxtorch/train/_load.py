@@ -50,10 +50,10 @@ import torch
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
 from ..bridge.core._dtypes import check_int_range, narrowed_range, to_jax_dtype
+from ..bridge.core._errors import CheckpointError, CheckpointKeysError
 from ..bridge.state._binding import aliases, named_state, split_state
 from ..bridge.state._meta import computed_buffers, non_persistent_names
 from ..bridge.tensor._convert import tensor_to_jax
-from ._checkpoint import CheckpointError
 from ._sharding import Rules, spec_for
 
 ShardingsLike = None | Sharding | Mapping[str, Sharding] | Callable[[str, jax.ShapeDtypeStruct], Sharding | None]
@@ -75,55 +75,6 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
-
-
-class CheckpointKeysError(CheckpointError, KeyError):
-    """A checkpoint whose names or shapes do not match the model: every problem in one error.
-
-    Attributes: `missing` (model names the file lacks), `unexpected` (file names the model
-    lacks), `mismatched` (`{name: (file shape, model shape)}`).
-    """
-
-    def __init__(
-        self,
-        path: str,
-        missing: list[str],
-        unexpected: list[str],
-        mismatched: dict[str, tuple],
-        *,
-        on_meta: bool = False,
-    ):
-        self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
-        parts = []
-        if missing and on_meta:
-            parts.append(
-                f"{len(missing)} missing from the file, on the meta device in the model, so no value to keep "
-                f"for them: {missing} (build the model off the meta device to keep its initial values for them, "
-                "as `from_pretrained` initializes them)"
-            )
-        elif missing:
-            parts.append(f"{len(missing)} missing from the file: {missing}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} in the file but not in the model: {unexpected}")
-        if mismatched:
-            parts.append(
-                f"{len(mismatched)} with another shape (file vs model): "
-                + ", ".join(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in ((k, *v) for k, v in mismatched.items()))
-            )
-        super().__init__(
-            f"load_params({path!r}): the checkpoint does not match the model: "
-            + "; ".join(parts)
-            + ". Check that the checkpoint was saved from this architecture and config; names are mapped as "
-            "`load_state_dict` / `from_pretrained` map them (tied weights, `base_model_prefix`, Hugging Face renames)"
-            + (
-                "; strict=False skips unused names and keeps the module's values for missing ones."
-                if (missing or unexpected) and not on_meta
-                else "."
-            )
-        )
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
 
 
 # ---- reading: one entry per tensor of the file(s) ---------------------------------------

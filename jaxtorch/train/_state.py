@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import torch
 
-from ..bridge.core._errors import JaxtorchError
-from ..bridge.state._binding import ParamsError, named_state, split_state
+from ..bridge.core._errors import DonatedStateError, ParamsError
+from ..bridge.state._binding import named_state, split_state
 from ..bridge.state._layouts import conv_kernels, from_kernels
 from ..bridge.tensor._convert import array_to_torch
 from ..bridge.tensor._tensor import JaxTensor, write
@@ -43,11 +43,6 @@ class TrainState(NamedTuple):
 
 
 Trainable = None | str | Iterable[str] | Callable[[str, jax.Array], bool]
-
-
-class DonatedStateError(JaxtorchError):
-    """A `TrainState` (or arrays of one) that an earlier step consumed: `make_train_step` donates
-    the state it is given by default, so its memory now holds the next state."""
 
 
 def check_not_donated(tree: Any, where: str, cause: BaseException | None = None) -> None:

@@ -4,6 +4,8 @@ and one input rule (NumPy, torch tensors, float64) at every entry point."""
 
 from __future__ import annotations
 
+import io
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -356,6 +358,55 @@ def test_torch_internal_float64_scalars_still_work():
     assert int(jaxtorch.call_torch(torch.linalg.matrix_rank, a)) == int(torch.linalg.matrix_rank(torch.from_numpy(a)))
     out = jaxtorch.call_torch(lambda t: t * torch.tensor(0.5, dtype=torch.float64), jnp.ones(2))
     assert out.dtype == jnp.float32 and out.tolist() == [0.5, 0.5]  # torch's promotion: float32 too
+
+
+def _load_onto(t: torch.Tensor, device: str) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    return torch.load(buf, map_location=device)
+
+
+# explicit moves of 0-dim (and 1-element) wide CPU tensors onto `device`: data, not torch's scalars
+_MOVES_0D = {
+    "to": lambda d: torch.tensor(1.1, dtype=torch.float64).to(d),
+    "to_complex128": lambda d: torch.tensor(1.1 + 2j, dtype=torch.complex128).to(d),
+    "to_device_dtype": lambda d: torch.tensor(1.1).to(device=d, dtype=torch.float64),
+    "to_1_element": lambda d: torch.tensor([1.1], dtype=torch.float64).to(d),
+    "load_map_location": lambda d: _load_onto(torch.tensor(1.1, dtype=torch.float64), d),
+}
+
+
+@pytest.mark.parametrize("env", ["plain", "enable_globally"])
+@pytest.mark.parametrize("how", sorted(_MOVES_0D))
+def test_an_explicit_move_of_a_0d_float64_raises_without_x64(how, env):
+    """`.to("jax")` of a 0-dim float64 CPU tensor raised nothing and gave float32 (the scalar rule
+    of torch's internal constants); an explicit move is data, as `torch.load(map_location="jax")` says."""
+    if env == "enable_globally":
+        jaxtorch.enable_globally()
+    try:
+        with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
+            _MOVES_0D[how]("jax")
+    finally:
+        if env == "enable_globally":
+            jaxtorch.disable_globally()
+
+
+@pytest.mark.parametrize("how", sorted(_MOVES_0D))
+def test_an_explicit_move_of_a_0d_float64_with_x64_keeps_it(how):
+    with enable_x64():
+        out = _MOVES_0D[how]("jax")
+        back = out.cpu()
+    expected = _MOVES_0D[how]("cpu")
+    assert out.device.type == "jax" and out.dtype == expected.dtype, (out.device, out.dtype)
+    torch.testing.assert_close(back, expected, rtol=0, atol=0)
+
+
+def test_a_0d_float64_moved_with_a_narrower_dtype_is_cast_by_torch():
+    """Asking for float32 is not asking for float64: torch's cast on the host, no error."""
+    x = torch.tensor(1.1, dtype=torch.float64)
+    out = x.to(device="jax", dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.cpu().item() == x.float().item()
 
 
 def test_to_torch_is_a_copy():

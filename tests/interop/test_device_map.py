@@ -22,6 +22,7 @@ import torch
 
 import jaxtorch
 from jaxtorch.bridge.tensor._tensor import JaxTensor
+from tests._dtypes import enable_x64
 from tests._hf_models import tiny_llama
 from tests.test_readme import python_blocks
 
@@ -96,6 +97,32 @@ def test_bfloat16_from_a_float32_file(saved, globally):
         torch.testing.assert_close(b.cpu(), c, msg=lambda m, n=name: f"{n}: {m}")
     moved = copy.deepcopy(cpu).to("jax")  # the same weights, loaded on the CPU first: the same program
     torch.testing.assert_close(model(IDS.to("jax")).logits.cpu(), moved(IDS.to("jax")).logits.cpu(), rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def saved_float64(tmp_path_factory) -> Path:
+    """The tiny Llama saved in float64."""
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("device_map_float64")
+    tiny_llama(tie_word_embeddings=False).double().save_pretrained(d)
+    return d
+
+
+def test_a_float64_file_raises_float64_error_without_x64(saved_float64, globally):
+    """A float64 checkpoint loaded onto the jax device is float64 data: `Float64Error`, never float32."""
+    for dtype in ("auto", torch.float64):
+        with pytest.raises(jaxtorch.Float64Error, match="jax_enable_x64"):
+            transformers.LlamaForCausalLM.from_pretrained(saved_float64, device_map="jax", dtype=dtype)
+
+
+def test_a_float64_file_with_x64_is_float64(saved_float64):
+    cpu = transformers.LlamaForCausalLM.from_pretrained(saved_float64, dtype="auto").eval()
+    with enable_x64():
+        model = transformers.LlamaForCausalLM.from_pretrained(saved_float64, device_map="jax", dtype="auto").eval()
+        _assert_on_jax(model)
+        assert {p.dtype for p in model.parameters()} == {torch.float64}
+        logits = model(IDS.to("jax")).logits.cpu()
+    torch.testing.assert_close(logits, cpu(IDS).logits)
 
 
 # ---- factories like a meta tensor, and every other op on one ----------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
+import jax
+
 
 class JaxtorchError(RuntimeError):
     """Base class of jaxtorch's errors."""
@@ -420,3 +422,89 @@ class MetaTensorError(JaxtorchError, NotImplementedError, ValueError):
             "onto the jax device. (`torch.empty_like`/`zeros_like`/`new_empty` of a meta tensor onto the jax "
             "device read only its shape and dtype, and work.)"
         )
+
+
+# ---- moved here from the modules that raise them (one module holds every error) ---------------
+class ParamsError(JaxtorchError, ValueError):
+    """The `params` (or `state`) given to a function from `jaxtorch.extract` (or to `load_into`)
+    do not fit the module: a name missing, extra, tied to another, in the wrong dict, or a value
+    that is not an array of the right shape. The message names each entry and the way out."""
+
+
+class MetaBufferError(JaxtorchError):
+    """A non-persistent buffer on the meta device whose value jaxtorch cannot compute."""
+
+
+class DonatedStateError(JaxtorchError):
+    """A `TrainState` (or arrays of one) that an earlier step consumed: `make_train_step` donates
+    the state it is given by default, so its memory now holds the next state."""
+
+
+class CheckpointError(JaxtorchError, ValueError):
+    """A checkpoint file that cannot be read (missing, truncated, corrupted, not a checkpoint)."""
+
+
+class CheckpointKeysError(CheckpointError, KeyError):
+    """A checkpoint whose names or shapes do not match the model: every problem in one error.
+
+    Attributes: `missing` (model names the file lacks), `unexpected` (file names the model
+    lacks), `mismatched` (`{name: (file shape, model shape)}`).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        missing: list[str],
+        unexpected: list[str],
+        mismatched: dict[str, tuple],
+        *,
+        on_meta: bool = False,
+    ):
+        self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
+        parts = []
+        if missing and on_meta:
+            parts.append(
+                f"{len(missing)} missing from the file, on the meta device in the model, so no value to keep "
+                f"for them: {missing} (build the model off the meta device to keep its initial values for them, "
+                "as `from_pretrained` initializes them)"
+            )
+        elif missing:
+            parts.append(f"{len(missing)} missing from the file: {missing}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} in the file but not in the model: {unexpected}")
+        if mismatched:
+            parts.append(
+                f"{len(mismatched)} with another shape (file vs model): "
+                + ", ".join(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in ((k, *v) for k, v in mismatched.items()))
+            )
+        super().__init__(
+            f"load_params({path!r}): the checkpoint does not match the model: "
+            + "; ".join(parts)
+            + ". Check that the checkpoint was saved from this architecture and config; names are mapped as "
+            "`load_state_dict` / `from_pretrained` map them (tied weights, `base_model_prefix`, Hugging Face renames)"
+            + (
+                "; strict=False skips unused names and keeps the module's values for missing ones."
+                if (missing or unexpected) and not on_meta
+                else "."
+            )
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class TracedSizesError(jax.errors.ConcretizationTypeError, JaxtorchError):
+    """Lengths / batch sizes of a packed sequence are traced (`ops/rnn.py`). A `ConcretizationTypeError`
+    (its `__init__`, JAX's): an eager call then runs unjitted, and under `jax.jit` the interpreter
+    raises `DataDependentError` with this message."""
+
+    def __str__(self) -> str:
+        return (
+            "the lengths / batch sizes of a PackedSequence are traced here; torch keeps them on the CPU: "
+            "pack with lengths given as a CPU tensor or a constant, not as an input of the jitted function"
+        )
+
+
+class ProbeStop(JaxtorchError):
+    """Raised by `dispatch/_autocast.py`'s probe tensor at the first op that reaches it, with
+    `(op, args, kwargs)`: how torch's autocast policy is read; caught there, never seen by users."""

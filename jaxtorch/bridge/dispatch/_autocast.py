@@ -35,17 +35,13 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ..core._errors import TorchVersionError
+from ..core._errors import ProbeStop, TorchVersionError
 
 DEVICE_TYPE = "jax"
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]
 
 
 # ---- torch's CPU policy, read from the installed torch ----------------------------------------
-class _Stop(Exception):
-    """Raised by a `_Probe` tensor at the first op that reaches it, with `(op, args, kwargs)`."""
-
-
 class _Probe(torch.Tensor):
     """A storage-less CPU tensor that stops at the first op torch runs on it."""
 
@@ -55,7 +51,7 @@ class _Probe(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise _Stop(func, args, kwargs or {})
+        raise ProbeStop(func, args, kwargs or {})
 
 
 # a value of each plain schema type, for the required parameters of a probed op
@@ -102,7 +98,7 @@ def _cast_dtype(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> torch.d
     with torch._C._AutoDispatchBelowAutograd(), torch.autocast("cpu", dtype=torch.bfloat16):
         try:
             op(*args, **kwargs)
-        except _Stop as stop:
+        except ProbeStop as stop:
             func, fargs, fkwargs = stop.args
             if func is torch.ops.aten.to.dtype:
                 return fargs[1]

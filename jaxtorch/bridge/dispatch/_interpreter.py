@@ -767,6 +767,8 @@ def _to_copy(ex, args, kwargs):
             t = x
         return t.to(dtype=dtype or t.dtype, device=device, copy=True)
     src = x._raw() if isinstance(x, JaxTensor) else None
+    if src is None and device is not None and not getattr(_local, "from_data", 0):
+        to_jax_dtype(dtype or x.dtype)  # an explicit move: float64 without x64 raises Float64Error, 0-dim too
     if src is None:  # cpu -> jax, cast by torch on the host first (its rounding; float64 never meets JAX)
         host = cast_on_host(x, dtype) if dtype is not None and x.device.type == "cpu" else x
         a = _host_array(host, aten._to_copy.default)
@@ -948,6 +950,8 @@ class JaxFunctionMode(TorchFunctionMode):
         if func in _BACKWARD_FUNCS:
             with tracing.backward_in_trace():
                 return func(*args, **kwargs)
+        if func in _FROM_DATA:
+            return _from_data_call(func, args, kwargs)
         if func in _OUTSIDE_GRAPH or (getattr(func, "__self__", None) is _DATA and func.__name__ == "__get__"):
             return _outside_graph_call(func, args, kwargs)
         if func in _ALPHA_OPS and _traced_scalar(kwargs.get("alpha")):
@@ -993,6 +997,24 @@ def _scaled_by_alpha(func, args, kwargs):
 _OUTSIDE_GRAPH = frozenset(
     {torch._C.TensorBase.detach, torch._C.TensorBase.detach_, torch._C.TensorBase.new_tensor, torch.tensor}
 )
+
+
+# factories from data: torch makes their values on the CPU and copies them to the device below the modes
+# (`_to_copy_kernel`); a 0-dim float64 one is a factory's scalar, not an explicit move (see `_to_copy`)
+_FROM_DATA = frozenset({torch._C.TensorBase.new_tensor, torch.tensor, torch.as_tensor, torch.asarray})
+
+
+def _from_data_call(func, args, kwargs):
+    """`func(*args, **kwargs)` for a factory from data (`_FROM_DATA`): its copies to the jax
+    device keep the 0-dim scalar rule (`torch.tensor(0.5, dtype=torch.float64)` inside `call_torch`
+    is held as float32, as `torch.full((), 0.5, dtype=torch.float64)` is).
+
+    **Example:** `_from_data_call(torch.tensor, (0.5,), {"dtype": torch.float64})`."""
+    _local.from_data = getattr(_local, "from_data", 0) + 1
+    try:
+        return _outside_graph_call(func, args, kwargs) if func in _OUTSIDE_GRAPH else func(*args, **kwargs)
+    finally:
+        _local.from_data -= 1
 
 
 def _outside_graph_call(func, args, kwargs):

@@ -42,7 +42,7 @@ from typing import Any, Self
 import jax
 import torch
 
-from ..core._errors import JaxtorchError
+from ..core._errors import ParamsError
 from ..dispatch._writes import read_only
 from ..tensor._tensor import JaxTensor, root, root_data, set_root_data
 
@@ -255,12 +255,6 @@ def aliases(module: torch.nn.Module) -> dict[str, str]:
             if first.get(id(t), name) != name:
                 out[name] = first[id(t)]
     return out
-
-
-class ParamsError(JaxtorchError, ValueError):
-    """The `params` (or `state`) given to a function from `jaxtorch.extract` (or to `load_into`)
-    do not fit the module: a name missing, extra, tied to another, in the wrong dict, or a value
-    that is not an array of the right shape. The message names each entry and the way out."""
 
 
 Spec = dict[str, tuple[tuple[int, ...], Any]]

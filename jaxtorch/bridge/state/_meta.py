@@ -30,12 +30,7 @@ from typing import Any
 import jax
 import torch
 
-from ..core._errors import JaxtorchError
-from ._binding import ParamsError
-
-
-class MetaBufferError(JaxtorchError):
-    """A non-persistent buffer on the meta device whose value jaxtorch cannot compute."""
+from ..core._errors import MetaBufferError, ParamsError
 
 
 def non_persistent_names(module: torch.nn.Module) -> set[str]:
