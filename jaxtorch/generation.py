@@ -45,7 +45,7 @@ from .bridge.tensor._convert import jax_view, to_jax
 from .bridge.tensor._device import JAX_DEVICE
 
 
-def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int):
+def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int) -> Any:
     """An initialized Hugging Face `StaticCache` for `model`, as a pytree of JAX arrays.
 
     **Arguments:**
@@ -91,7 +91,7 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
 _FROM_MODEL: Any = object()  # the default of `eos_token_id`/`pad_token_id`: the model's generation config
 
 
-def _token_ids(value, name: str) -> tuple[int, ...]:
+def _token_ids(value: Any, name: str) -> tuple[int, ...]:
     """`value` (None, an int or a list of ints) as a tuple of token ids, checked."""
     if value is None:
         return ()
@@ -103,7 +103,9 @@ def _token_ids(value, name: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def stop_tokens(model: torch.nn.Module, eos_token_id: Any = _FROM_MODEL, pad_token_id: Any = _FROM_MODEL):
+def stop_tokens(
+    model: torch.nn.Module, eos_token_id: Any = _FROM_MODEL, pad_token_id: Any = _FROM_MODEL
+) -> tuple[tuple[int, ...], int | None]:
     """The end-of-sequence ids and the pad id greedy decoding uses, resolved as Hugging Face's `generate` does.
 
     **Arguments:**
@@ -179,19 +181,19 @@ def greedy_decoder(
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @functools.partial(jax.jit, static_argnames="steps")
-    def run(params, ids, cache, steps: int):
+    def run(params: Any, ids: Any, cache: Any, steps: int) -> Any:
         decode.compilations += 1  # type: ignore[attr-defined]  # runs once per trace
         eos_ids = jnp.asarray(eos, dtype=ids.dtype).reshape(-1)
 
-        def next_token(out, ended):  # generate's rule: an ended sequence continues with the pad id
+        def next_token(out: Any, ended: Any) -> Any:  # generate's rule: an ended sequence continues with the pad id
             tok = jnp.argmax(out.logits[:, -1], axis=-1).astype(ids.dtype)
             return jnp.where(ended, jnp.asarray(pad, ids.dtype), tok)
 
-        def unfinished(carry):
+        def unfinished(carry: Any) -> Any:
             i, _, _, ended, _ = carry
             return (i < steps) & ~jnp.all(ended)
 
-        def body(carry):
+        def body(carry: Any) -> Any:
             i, tok, cache, ended, toks = carry
             toks = toks.at[:, i].set(tok)
             ended = ended | jnp.any(tok[:, None] == eos_ids, axis=-1)
@@ -205,7 +207,7 @@ def greedy_decoder(
         n, _, _, _, toks = jax.lax.while_loop(unfinished, body, carry)
         return toks, n
 
-    def decode(input_ids, max_new_tokens: int) -> jax.Array:
+    def decode(input_ids: Any, max_new_tokens: int) -> jax.Array:
         ids = to_jax(input_ids) if isinstance(input_ids, torch.Tensor) else jnp.asarray(input_ids)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"greedy_decoder: `max_new_tokens` must be a positive int; got {max_new_tokens!r}")

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -72,7 +72,7 @@ def is_master_ordinal() -> bool:
     return jax.process_index() == 0
 
 
-def master_print(*args, **kwargs) -> None:
+def master_print(*args: Any, **kwargs: Any) -> None:
     """`print`, on process 0 only."""
     if is_master_ordinal():
         print(*args, **kwargs)
@@ -125,7 +125,7 @@ def wait_device_ops() -> None:
     jax.effects_barrier()
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, optimizer_args: dict | None = None):
+def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, optimizer_args: dict | None = None) -> Any:
     """`optimizer.step(**optimizer_args)`; returns its result.
 
     Under SPMD a gradient computed from a sharded batch is already the global gradient,
@@ -163,7 +163,7 @@ class ParallelLoader(DeviceLoader):
         loader: Iterable,
         devices: Sequence[Any] | None = None,
         *,
-        mesh=None,
+        mesh: jax.sharding.Mesh | None = None,
         axis: str = "data",
         prefetch: int = 1,
         batchdim: int = 0,
@@ -172,7 +172,7 @@ class ParallelLoader(DeviceLoader):
         device_prefetch_size: int | None = None,
         host_to_device_transfer_threads: int = 1,
         input_sharding: Any = None,
-    ):
+    ) -> None:
         if batchdim != 0:
             raise NotImplementedError(
                 f"ParallelLoader: batchdim={batchdim}: batches are split along dimension 0 only; "
@@ -195,7 +195,7 @@ class ParallelLoader(DeviceLoader):
         super().__init__(loader, mesh, axis, as_torch=True, prefetch=prefetch)
         self.batches_per_execution = batches_per_execution
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         i = 0
         for i, batch in enumerate(super().__iter__(), 1):
             yield batch
@@ -205,7 +205,7 @@ class ParallelLoader(DeviceLoader):
         if _lazy.is_enabled() and i % self.batches_per_execution:  # the last, shorter group
             _lazy.sync()
 
-    def per_device_loader(self, device=None) -> ParallelLoader:
+    def per_device_loader(self, device: Any = None) -> ParallelLoader:
         """torch_xla compatibility: the loader itself (one process feeds all its devices)."""
         return self
 
@@ -228,19 +228,19 @@ class MpDeviceLoader(ParallelLoader):
         ```
     """
 
-    def __init__(self, loader: Iterable, device: Any = None, **kwargs):
+    def __init__(self, loader: Iterable, device: Any = None, **kwargs: Any) -> None:
         if device is not None and not isinstance(device, jax.Device) and torch.device(device).type != DEVICE_TYPE:
             raise ValueError(f"MpDeviceLoader: device {device!r} is not the `jax` device (`xm.xla_device()`)")
         super().__init__(loader, None if device is None else [device], **kwargs)
         self.device = device
 
 
-def _all_devices(d) -> bool:
+def _all_devices(d: Any) -> bool:
     """Whether `d` is the `jax` device without an index: all of this process's devices (SPMD)."""
     return not isinstance(d, jax.Device) and torch.device(d).index is None
 
 
-def _jax_device(d) -> jax.Device:
+def _jax_device(d: Any) -> jax.Device:
     d = torch.device(d)
     return jax.devices()[d.index or 0]
 

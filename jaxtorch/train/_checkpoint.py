@@ -28,7 +28,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -51,11 +51,11 @@ _NAMED_DTYPES = {str(d): d for d in _VIEWED}
 
 
 # ---- tree <-> JSON ---------------------------------------------------------------------
-def _is_namedtuple(x) -> bool:
+def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
-def _encode(node, path: str, arrays: list) -> dict:
+def _encode(node: Any, path: str, arrays: list) -> dict:
     """JSON description of `node`; array leaves are appended to `arrays` (as host NumPy)."""
     if node is None:
         return {"t": "none"}
@@ -92,14 +92,14 @@ def _encode(node, path: str, arrays: list) -> dict:
     return _bad(node, path)
 
 
-def _bad(node, path):
+def _bad(node: Any, path: str) -> NoReturn:
     raise TypeError(
         f"save_checkpoint: cannot store a {type(node).__qualname__} at {path or 'the root'}; supported: dict, list, "
         "tuple, namedtuple (optax states included), None, int, float, bool, str, jax/NumPy arrays, PRNG keys."
     )
 
 
-def _encode_array(x, path: str, arrays: list) -> dict:
+def _encode_array(x: Any, path: str, arrays: list) -> dict:
     node: dict = {"t": "array", "i": len(arrays), "np": isinstance(x, (np.ndarray, np.generic))}
     if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         node["key_impl"] = str(jax.random.key_impl(x))
@@ -113,7 +113,7 @@ def _encode_array(x, path: str, arrays: list) -> dict:
     return node
 
 
-def _gather(x) -> np.ndarray:
+def _gather(x: Any) -> np.ndarray:
     """The whole value of a (possibly sharded, possibly multi-process) array on the host."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
@@ -122,7 +122,7 @@ def _gather(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _decode(node: dict, arrays: dict, shardings, path: str):
+def _decode(node: dict, arrays: dict, shardings: Any, path: str) -> Any:
     t = node["t"]
     if t == "none":
         return None
@@ -149,7 +149,7 @@ def _decode(node: dict, arrays: dict, shardings, path: str):
     raise CheckpointError(f"unknown node type {t!r} at {path or 'the root'}")
 
 
-def _sub(shardings, key):
+def _sub(shardings: Any, key: Any) -> Any:
     """The part of a `shardings` tree under `key` (a single Sharding applies everywhere)."""
     if shardings is None or isinstance(shardings, jax.sharding.Sharding):
         return shardings
@@ -159,7 +159,7 @@ def _sub(shardings, key):
         return None
 
 
-def _decode_array(node, arrays, sharding, path):
+def _decode_array(node: Any, arrays: Any, sharding: Any, path: Any) -> Any:
     host = arrays[str(node["i"])].reshape(node["shape"])
     if "dtype" in node:
         host = host.view(_NAMED_DTYPES[node["dtype"]])
@@ -179,7 +179,7 @@ def _decode_array(node, arrays, sharding, path):
 _synthesized: dict = {}
 
 
-def _namedtuple_class(qualified: str, fields: list[str]):
+def _namedtuple_class(qualified: str, fields: list[str]) -> type:
     """The already-imported namedtuple class `module:qualname` with these fields, else a stand-in."""
     module_name, _, qualname = qualified.partition(":")
     obj = sys.modules.get(module_name)  # never imports: loading runs no code from the file

@@ -34,11 +34,11 @@ class MixedPrecision:
     output_dtype: Any = jnp.float32
     loss_scale: float | None = None
 
-    def cast_to_compute(self, tree):
+    def cast_to_compute(self, tree: Any) -> Any:
         """Floating-point leaves of `tree` cast to `compute_dtype` (others unchanged)."""
         return _cast_floats(tree, self.compute_dtype)
 
-    def cast_to_output(self, tree):
+    def cast_to_output(self, tree: Any) -> Any:
         """Floating-point leaves of `tree` cast to `output_dtype`."""
         return _cast_floats(tree, self.output_dtype)
 
@@ -55,8 +55,8 @@ def resolve(policy: None | str | MixedPrecision) -> MixedPrecision | None:
     raise ValueError(f"mixed_precision: expected None, 'bf16', 'fp16' or a MixedPrecision, got {policy!r}")
 
 
-def _cast_floats(tree, dtype):
-    def cast(x):
+def _cast_floats(tree: Any, dtype: Any) -> Any:
+    def cast(x: Any) -> Any:
         if isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
             return x.astype(dtype)
         return x
@@ -64,7 +64,7 @@ def _cast_floats(tree, dtype):
     return jax.tree_util.tree_map(cast, tree)
 
 
-def cast_like(tree, reference):
+def cast_like(tree: Any, reference: Any) -> Any:
     """Each leaf of `tree` cast to the dtype of the matching leaf of `reference`."""
     return jax.tree_util.tree_map(lambda x, r: x.astype(r.dtype) if x.dtype != r.dtype else x, tree, reference)
 

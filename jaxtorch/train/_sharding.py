@@ -32,7 +32,7 @@ from ..bridge.tensor._convert import tensor_to_jax, torch_view, tree_map
 Rules = Sequence[tuple[str, PartitionSpec]]
 
 
-def _key_name(k) -> str:
+def _key_name(k: Any) -> str:
     if isinstance(k, jax.tree_util.DictKey):
         return str(k.key)
     if isinstance(k, jax.tree_util.GetAttrKey):
@@ -42,7 +42,7 @@ def _key_name(k) -> str:
     return str(k)
 
 
-def path_name(path) -> str:
+def path_name(path: Any) -> str:
     """A key path as a dotted name: `("params", "fc1.weight")` -> `"params.fc1.weight"`."""
     return ".".join(_key_name(k) for k in path)
 
@@ -78,7 +78,7 @@ def shard(tree: Any, mesh: Mesh, rules: Rules = ()) -> Any:
         ```
     """
 
-    def place(path, x):
+    def place(path: Any, x: Any) -> Any:
         if not isinstance(x, (jax.Array, np.ndarray)):
             return x
         name = path_name(path)
@@ -94,7 +94,7 @@ def shard(tree: Any, mesh: Mesh, rules: Rules = ()) -> Any:
     return jax.tree_util.tree_map_with_path(place, tree)
 
 
-def _as_array(x):
+def _as_array(x: Any) -> Any:
     """A torch tensor as a `jax.Array` snapshot (`tensor_to_jax`): a loader refilling the same
     buffer after the call never changes the batch placed from it; other leaves as they are."""
     if isinstance(x, torch.Tensor):
@@ -125,7 +125,7 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
     names = (axis,) if isinstance(axis, str) else () if axis is None else tuple(axis)
     parts = int(np.prod([mesh.shape[a] for a in names]))
 
-    def place(x):
+    def place(x: Any) -> Any:
         x = _as_array(x)
         if not isinstance(x, (jax.Array, np.ndarray)) or np.ndim(x) == 0:
             return x
@@ -192,7 +192,7 @@ class DeviceLoader:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
-    def _place(self, batch):
+    def _place(self, batch: Any) -> Any:
         placed = shard_batch(batch, self.mesh, self.axis)
         return torch_view(placed) if self.as_torch else placed
 

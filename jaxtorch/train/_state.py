@@ -224,7 +224,7 @@ def _assign(model: torch.nn.Module, targets: Mapping[str, torch.Tensor], made: M
         slots[leaf] = new
 
 
-def _host(value) -> torch.Tensor:
+def _host(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu() if not isinstance(value, JaxTensor) else array_to_torch(value.elem, copy=False)
     if isinstance(value, jax.Array) and not value.is_fully_addressable:

@@ -43,7 +43,7 @@ from ._state import Trainable, TrainState, check_not_donated, select
 Remat = None | bool | str | Callable
 
 
-def remat_policy(remat: Remat):
+def remat_policy(remat: Remat) -> Callable[..., Any] | None:
     """`jax.checkpoint` policy for `remat`: True/"full" saves nothing; a name from
     `jax.checkpoint_policies` ("dots_saveable", "nothing_saveable", ...) or a policy callable."""
     if remat is True or remat == "full":
@@ -58,7 +58,7 @@ def remat_policy(remat: Remat):
     raise ValueError(f"remat: expected None, True, a policy name or callable, got {remat!r}")
 
 
-def _common_sharding(params: dict):
+def _common_sharding(params: dict) -> Any:
     """A replicated sharding over the devices the params live on (for scalars of the state)."""
     for v in params.values():
         sharding = getattr(v, "sharding", None)
@@ -69,12 +69,12 @@ def _common_sharding(params: dict):
     return jax.local_devices()[0]
 
 
-def _place_like(opt_state, train: dict):
+def _place_like(opt_state: Any, train: dict) -> Any:
     """Commit each optimizer-state leaf to its parameter's sharding (Adam's `mu["fc.weight"]` like
     `fc.weight`), others (counts) replicated: every later step then sees the same placements."""
     replicated = _common_sharding(train)
 
-    def place(path, leaf):
+    def place(path: Any, leaf: Any) -> Any:
         for k in reversed(path):
             if isinstance(k, jax.tree_util.DictKey) and k.key in train and train[k.key].shape == leaf.shape:
                 return jax.device_put(leaf, train[k.key].sharding)
@@ -83,7 +83,7 @@ def _place_like(opt_state, train: dict):
     return jax.tree_util.tree_map_with_path(place, opt_state)
 
 
-def _as_call(inputs) -> tuple[tuple, dict]:
+def _as_call(inputs: Any) -> tuple[tuple, dict]:
     """`inputs` as positional/keyword arguments: a tuple is unpacked, a dict (any mapping, such as
     Hugging Face's `BatchEncoding`) is keywords."""
     if isinstance(inputs, tuple) and not hasattr(type(inputs), "_fields"):
@@ -148,7 +148,7 @@ def wrap_static(tree: Any) -> Any:
     **Example:** `wrap_static({"x": x, "use_cache": False})` -> `{"x": x, "use_cache": _Static(False)}`.
     """
 
-    def wrap(x):
+    def wrap(x: Any) -> Any:
         if _is_array(x):
             return x
         try:
@@ -262,7 +262,7 @@ def place_state(state: TrainState, batch: Any) -> TrainState:
     )
 
 
-def _torch_to_jax(tree):
+def _torch_to_jax(tree: Any) -> Any:
     return tree_map(lambda x: to_jax(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
@@ -382,7 +382,7 @@ def make_train_step(
         count = jax.device_put(jnp.zeros((), jnp.int32), _common_sharding({**trained, **rest}))
         return TrainState(params=trained, model_state=rest, opt_state=opt_state, step=count)
 
-    def loss_and_state(trained, frozen, state, inputs, targets, key):
+    def loss_and_state(trained: Any, frozen: Any, state: Any, inputs: Any, targets: Any, key: Any) -> Any:
         p = {**frozen, **trained}
         args, kwargs = _as_call(inputs)
         computed = state
@@ -401,7 +401,7 @@ def make_train_step(
         loss_and_state = jax.checkpoint(loss_and_state, policy=checkpoint_policy)
     value_and_grad = jax.value_and_grad(loss_and_state, has_aux=True)
 
-    def grads_of(trained, frozen, state, inputs, targets, key):
+    def grads_of(trained: Any, frozen: Any, state: Any, inputs: Any, targets: Any, key: Any) -> Any:
         if accumulate == 1:
             (_, (loss, written)), grads = value_and_grad(trained, frozen, state, inputs, targets, key)
             return loss, grads, written
@@ -409,7 +409,7 @@ def make_train_step(
         batches, rebuild = micro_batches((inputs, targets), accumulate)
         keys = jax.random.split(key, accumulate) if key is not None else None
 
-        def body(carry, xs):
+        def body(carry: Any, xs: Any) -> Any:
             state_c, gsum, lsum = carry
             parts, k = xs
             x, y = rebuild(parts)
@@ -422,7 +422,9 @@ def make_train_step(
         written = {k: v for k, v in state_n.items() if v is not state[k]}
         return lsum / accumulate, grads, written
 
-    def step(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
+    def step(
+        state: TrainState, inputs: Any, targets: Any, rng: jax.Array | None = None
+    ) -> tuple[TrainState, jax.Array]:
         inputs, targets = unwrap_static((inputs, targets))
         with jax.named_scope("jaxtorch_train_step"):
             trained = state.params
@@ -442,7 +444,7 @@ def make_train_step(
     compiled = jax.jit(step, donate_argnums=(0,) if donate else ()) if jit else step
     checked: list[Callable] = []  # built at the first step under `jaxtorch.checks()`
 
-    def run(state: TrainState, inputs, targets, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
+    def run(state: TrainState, inputs: Any, targets: Any, rng: jax.Array | None = None) -> tuple[TrainState, jax.Array]:
         if isinstance(inputs, Mapping) and not isinstance(inputs, dict):  # BatchEncoding: JAX walks dicts
             inputs = dict(inputs)
         inputs, targets = wrap_static(_torch_to_jax((inputs, targets)))
@@ -464,7 +466,7 @@ def make_train_step(
             check_not_donated(state, "step", cause=e)
             raise
 
-    def lower(state: TrainState, inputs, targets, rng: jax.Array | None = None):
+    def lower(state: TrainState, inputs: Any, targets: Any, rng: jax.Array | None = None) -> Any:
         inputs, targets = wrap_static(_torch_to_jax((inputs, targets)))
         return compiled.lower(state, inputs, targets, rng)  # type: ignore[union-attr]
 
@@ -475,7 +477,7 @@ def make_train_step(
     return init, run
 
 
-def _jax_dtype(dtype):
+def _jax_dtype(dtype: Any) -> Any:
     """A torch dtype (from the module's tensors) as the JAX dtype `extract` would give."""
     return tensor_to_jax(torch.empty((), dtype=dtype)).dtype if isinstance(dtype, torch.dtype) else dtype
 

@@ -88,7 +88,7 @@ import inspect
 import threading
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import jax
@@ -183,13 +183,13 @@ class Compiled:
         self._traced = parts
 
     @contextlib.contextmanager
-    def _draws(self, key, rng):
+    def _draws(self, key: Any, rng: jax.Array | None) -> Iterator[None]:
         """Trace under `rng` and record whether the program drew from it."""
         with _random.key_scope(rng) as cell:
             yield
         self._random[key] = cell[0] is not rng
 
-    def _run(self, fn, key, args, kwargs, rng):
+    def _run(self, fn: Callable[..., Any], key: Any, args: Any, kwargs: Any, rng: jax.Array | None) -> Any:
         """Run the user's code while tracing: writes to tensors that are not state raise."""
         dtypes: list = []
         with self._draws(key, rng), _refusing_untracked_writes(self._target):
@@ -207,8 +207,8 @@ class Compiled:
         return _reading(cast(Callable, fn), dict(zip(free.values, values))), tuple(args_)
 
     def _program(
-        self, key, argstate: ArgState, mods: list[torch.nn.Module], free: _Free, leaves: frozenset, grads: tuple
-    ):
+        self, key: Any, argstate: ArgState, mods: list[torch.nn.Module], free: _Free, leaves: frozenset, grads: tuple
+    ) -> Any:
         """The forward program: `mods`' state and the arguments in, results and writes out.
 
         `leaves` are the state names whose tensors require grad (so they do inside the
@@ -220,7 +220,7 @@ class Compiled:
 
         dtypes = {k: t.dtype for k, t in _module_state(mods).items()}  # (int64 held as int32 without x64)
 
-        def traced(state: dict, dyn: list, rng):
+        def traced(state: dict, dyn: list, rng: jax.Array | None) -> Any:
             self._count_trace(key, free)  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
             call, call_args = self._callee(args, free)
@@ -249,15 +249,22 @@ class Compiled:
         return prog
 
     def _step_program(
-        self, key, argstate: ArgState, holders: Holders, opt_statics, random_key, free: _Free, grads: tuple = ()
-    ):
+        self,
+        key: Any,
+        argstate: ArgState,
+        holders: Holders,
+        opt_statics: Any,
+        random_key: Any,
+        free: _Free,
+        grads: tuple = (),
+    ) -> Any:
         """A program for a function that updates modules/optimizers (a train step); with
         `grads` (positions in `holders.tensors`, argument slots) it also returns its VJP."""
         prog = self._programs.get(key)
         if prog is not None:
             return prog
 
-        def traced(state, dyn: list, rng):
+        def traced(state: Any, dyn: list, rng: jax.Array | None) -> Any:
             self._count_trace(key, free)  # runs once per trace
             args, kwargs, inputs = argstate.rebuild(dyn)
             call, call_args = self._callee(args, free)
@@ -280,7 +287,7 @@ class Compiled:
         self._programs[key] = prog
         return prog
 
-    def __call__(self, *args, rng: jax.Array | None = None, **kwargs):
+    def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         free = self._free.read()
         # what the function reaches through closures and globals: tensors are program inputs, like
         # arguments, and constants (and lists/dicts of them) part of the key, like static arguments
@@ -319,7 +326,7 @@ class Compiled:
             prog = self._program(fkey, argstate, mods, free, leaves, (names, slots) if names or slots else ())
             ext = (*args, list(free.values.values())) if free.values else args
 
-            def run(outs):
+            def run(outs: Any) -> Any:
                 out, changed, written, new = outs
                 for name, value in changed.items():
                     _write_state(state_tensors[name], value)
@@ -340,13 +347,23 @@ class Compiled:
             result = _aliasing(result, self._aux[("aliases", fkey)], argstate.tensors)
             return _with_statics(result, self._aux[("out", fkey)])
 
-    def _key(self, key, rng: jax.Array | None) -> jax.Array:
+    def _key(self, key: Any, rng: jax.Array | None) -> jax.Array:
         """`rng`, else the eager generator's next key for programs that draw (or not traced yet)."""
         if rng is not None:
             return rng
         return _random._eager_key() if self._random.get(key, True) else _no_key()
 
-    def _call_step(self, key, argstate, dyn, args, kwargs, objects, rng, free: _Free):
+    def _call_step(
+        self,
+        key: Any,
+        argstate: Any,
+        dyn: Any,
+        args: Any,
+        kwargs: Any,
+        objects: Any,
+        rng: jax.Array | None,
+        free: _Free,
+    ) -> Any:
         if self._module is not None:
             raise TypeError(
                 "jaxtorch.compile: pass modules/optimizers to a compiled *function*, not to a compiled module's forward"
@@ -368,7 +385,7 @@ class Compiled:
                 prog = self._step_program(pkey, argstate, holders, opt_statics, key, free, grads)
                 ext = (*args, list(free.values.values())) if free.values else args
 
-                def finish(outs):
+                def finish(outs: Any) -> Any:
                     out, new_state, written, new = outs
                     holders.install(new_state, self._aux[("holders", pkey)])
                     argstate.write_back(ext, kwargs, self._aux[pkey], written, new)
@@ -405,7 +422,7 @@ def _module_state(mods: list[torch.nn.Module]) -> dict[tuple[int, str], torch.Te
     return out
 
 
-def _write_state(t: torch.Tensor, value) -> None:
+def _write_state(t: torch.Tensor, value: Any) -> None:
     """Write a program's new value of a module tensor into it (a buffer the forward wrote)."""
     if isinstance(t, JaxTensor):
         write(t, value)
@@ -414,7 +431,7 @@ def _write_state(t: torch.Tensor, value) -> None:
             t.copy_(array_to_torch(value, copy=False))
 
 
-def _inexact(x) -> bool:
+def _inexact(x: Any) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
@@ -452,7 +469,7 @@ def _put(state: Any, names: tuple, values: list) -> Any:
     return dataclasses.replace(state, tensors=tensors)
 
 
-def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> Callable:
+def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key: Any) -> Callable:
     """`traced` as a forward that also returns its VJP (`jax.vjp` inside the program: the
     residuals come out as arrays) with respect to the state `names` and argument `slots`.
 
@@ -461,8 +478,8 @@ def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> C
     structure of the results goes into `aux[("vjp", key)]`.
     """
 
-    def forward(state: dict, dyn: list, rng):
-        def f(diff):
+    def forward(state: dict, dyn: list, rng: jax.Array | None) -> Any:
+        def f(diff: Any) -> Any:
             full_state = _put(state, names, diff[0])
             full_dyn = list(dyn)
             for j, a in zip(slots, diff[1]):
@@ -486,11 +503,11 @@ def _with_vjp(traced: Callable, names: tuple, slots: tuple, aux: dict, key) -> C
     return forward
 
 
-def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
+def _noting(call: Callable, aux: dict, key: Any, inputs: list) -> Callable:
     """`call`, noting which tensors of its result require grad (`aux[("grad_flags", key)]`) and
     which are arguments or views of one (`aux[("aliases", key)]`: position, argument, view fn)."""
 
-    def noted(*args, **kwargs):
+    def noted(*args: Any, **kwargs: Any) -> Any:
         out = call(*args, **kwargs)
         leaves, tree = pytrees.flatten(out)
         # Python values in the result (`x.shape`, `x.dtype`, `x.size(0)`) are static: kept here, put back
@@ -507,7 +524,7 @@ def _noting(call: Callable, aux: dict, key, inputs: list) -> Callable:
         leaves = [x for x in leaves if is_array_like(x)]
         aux[("grad_flags", key)] = [isinstance(x, torch.Tensor) and x.requires_grad for x in leaves]
         by_id = {id(t): j for j, t in enumerate(inputs)}
-        aliases = []
+        aliases: list[tuple[int, int, Callable[..., Any] | None]] = []
         for i, x in enumerate(leaves):
             if not isinstance(x, JaxTensor):
                 continue
@@ -554,7 +571,7 @@ def _aliasing(out: Any, aliases: list, originals: list) -> Any:
 
 
 @jax.jit
-def _apply_vjp(vjp, cotangents):
+def _apply_vjp(vjp: Any, cotangents: Any) -> Any:
     """The backward program: one compiled VJP (a cache entry per forward program)."""
     (grads,) = vjp(cotangents)
     return grads
@@ -564,7 +581,7 @@ class _CompiledCall(torch.autograd.Function):
     """forward: the compiled forward, keeping the residuals; backward: the compiled VJP."""
 
     @staticmethod
-    def forward(ctx, run: Callable, *tensors):
+    def forward(ctx: Any, run: Callable, *tensors: Any) -> Any:
         outs, vjp = run()
         ctx.vjp = vjp
         ctx.meta = [(o.shape, o.dtype) for o in outs]
@@ -572,7 +589,7 @@ class _CompiledCall(torch.autograd.Function):
         return tuple(JaxTensor(o) for o in outs)
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: Any) -> Any:
         if torch.is_grad_enabled():  # create_graph=True: a silent constant would be wrong
             raise RuntimeError(
                 "jaxtorch.compile: a compiled call's backward is once differentiable (its VJP program gives "
@@ -598,7 +615,7 @@ def _differentiable_call(
     requiring grad): its floating results carry a `grad_fn` whose backward runs the compiled VJP."""
     held: dict[str, Any] = {}
 
-    def run():
+    def run() -> Any:
         with torch.enable_grad():  # (a Function's forward runs without): the trace sees the caller's mode
             outs, vjp, others, rest = program()
         held["others"] = others
@@ -702,7 +719,7 @@ _GLOBAL_HOOKS = tuple(
 )
 
 
-def _module_guards(mods) -> tuple:
+def _module_guards(mods: Any) -> tuple:
     """What decides a module's traced forward besides its tensors: each submodule's class, hooks
     (`register_forward_hook` after the first call compiles again) and Python attributes that are
     constants (`training`, `eps`, `momentum`, a flag), and the global module hooks. It runs at
@@ -913,7 +930,7 @@ class _Shadow:
         return getattr(object.__getattribute__(self, "_obj"), name)
 
 
-def _rebound(slot: JaxTensor, new, name: str) -> None:
+def _rebound(slot: JaxTensor, new: Any, name: str) -> None:
     """A forward assigned a new tensor to a parameter/buffer attribute: carry it as a write."""
     value = new.elem if isinstance(new, JaxTensor) else None
     if value is None or tuple(value.shape) != tuple(slot.shape):
@@ -939,7 +956,7 @@ _tracing = threading.local()
 
 
 @contextlib.contextmanager
-def _refusing_untracked_writes(target):
+def _refusing_untracked_writes(target: Any) -> Iterator[None]:
     """While the user's code is traced, a write to a tensor holding a concrete array (so one
     created outside the program and not passed in as state) raises `StateWriteError`."""
     stack = getattr(_tracing, "stack", None)
@@ -969,7 +986,7 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
     )
 
 
-def _describe(t: torch.Tensor, fn) -> str:
+def _describe(t: torch.Tensor, fn: Callable[..., Any]) -> str:
     """A name for `t`: where `fn`'s closure or globals reach it, else its shape and dtype."""
     what = f"a tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
     fn = getattr(fn, "__func__", fn)
@@ -985,7 +1002,7 @@ def _describe(t: torch.Tensor, fn) -> str:
     return what
 
 
-def _filled(cell) -> bool:
+def _filled(cell: Any) -> bool:
     try:
         _ = cell.cell_contents
         return True
@@ -993,7 +1010,7 @@ def _filled(cell) -> bool:
         return False
 
 
-def _find(t, value, name: str) -> str | None:
+def _find(t: Any, value: Any, name: str) -> str | None:
     roots = {id(t), id(root(t)) if isinstance(t, JaxTensor) else id(t)}
     if isinstance(value, torch.Tensor):
         return name if id(value) in roots else None
@@ -1014,7 +1031,7 @@ def _find(t, value, name: str) -> str | None:
     return None
 
 
-def _state_tensor(value, dtype: torch.dtype | None, requires_grad: bool) -> JaxTensor:
+def _state_tensor(value: Any, dtype: torch.dtype | None, requires_grad: bool) -> JaxTensor:
     """A module tensor inside the program: its torch dtype (int64 held as int32), a leaf requiring grad if it does."""
     t = JaxTensor(value) if dtype is None else labelled(value, dtype)
     if requires_grad:
@@ -1022,7 +1039,7 @@ def _state_tensor(value, dtype: torch.dtype | None, requires_grad: bool) -> JaxT
     return t
 
 
-def _wrap(out, dtypes: list | None = None):
+def _wrap(out: Any, dtypes: list | None = None) -> Any:
     """The program's outputs as tensors, with the torch dtypes the traced code gave them."""
     leaves, treedef = jax.tree_util.tree_flatten(out)
     arrays = [a for a in leaves if isinstance(a, jax.Array)]

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,14 +25,14 @@ from ..tensor._convert import to_jax
 from ._jax_first import extract
 
 
-def _spec(x, batch: Any):
+def _spec(x: Any, batch: Any) -> Any:
     shape = tuple(x.shape)
     if batch is not None and len(shape) > 0:
         shape = (batch,) + shape[1:]
     return jax.ShapeDtypeStruct(shape, x.dtype)
 
 
-def _per_example(fn):
+def _per_example(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` applied to each example (as a batch of one) under `jax.vmap`.
 
     torch code needs concrete sizes, so a symbolic batch size cannot reach it; vmapping over
@@ -39,8 +40,8 @@ def _per_example(fn):
     any batch size. Requires examples to be independent (true of an eval-mode forward).
     """
 
-    def batched(params, *xs):
-        def one(*x1):
+    def batched(params: Any, *xs: Any) -> Any:
+        def one(*x1: Any) -> Any:
             out = fn(params, *[a[None] for a in x1])
             return jax.tree_util.tree_map(lambda o: o[0], out)
 
@@ -51,7 +52,7 @@ def _per_example(fn):
 
 def export(
     model: torch.nn.Module,
-    *example_args,
+    *example_args: Any,
     embed_params: bool = True,
     batch_dim: bool = False,
     platforms: tuple[str, ...] | None = None,
@@ -72,9 +73,8 @@ def export(
 
     **Returns:** a `jax.export.Exported`; `.serialize()` gives bytes.
     """
-    params, fn = extract(model)
-    if batch_dim:
-        fn = _per_example(fn)
+    params, forward = extract(model)
+    fn: Callable[..., Any] = _per_example(forward) if batch_dim else forward
     arrays = [to_jax(a) for a in example_args]
     batch = jax.export.symbolic_shape("b")[0] if batch_dim else None
     specs = [_spec(a, batch) for a in arrays]

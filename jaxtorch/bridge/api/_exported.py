@@ -159,7 +159,7 @@ def _mark_graph(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _same_tensor(node) -> bool:
+def _same_tensor(node: Any) -> bool:
     """Whether a region's result is a tensor from outside it (a placeholder), or one written in place."""
     if not isinstance(node, torch.fx.Node):
         return False
@@ -172,7 +172,7 @@ def _same_tensor(node) -> bool:
     return alias is not None and alias.is_write
 
 
-def _mark_after(graph: torch.fx.Graph, node: torch.fx.Node, op, args: tuple) -> torch.fx.Node:
+def _mark_after(graph: torch.fx.Graph, node: torch.fx.Node, op: Any, args: tuple) -> torch.fx.Node:
     """Insert `op(*args)` after `node` and make it what every later use of `node` reads."""
     users = list(node.users)
     with graph.inserting_after(node):
@@ -237,30 +237,30 @@ def _decomposed(ep: ExportedProgram) -> ExportedProgram:
 
 
 # ---- the ops the walk runs itself ------------------------------------------------------------
-def _to_copy(x, dtype=None, **_):
+def _to_copy(x: Any, dtype: Any = None, **_: Any) -> Any:
     return x.astype(_jax_dtype(dtype, x.shape)) if dtype is not None else x
 
 
-def _copy(dst, src, non_blocking=False):
+def _copy(dst: Any, src: Any, non_blocking: bool = False) -> Any:
     return jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
 
 
-def _sym_size(x, dim):
+def _sym_size(x: Any, dim: int) -> Any:
     return x.shape[dim]
 
 
-def _sym_numel(x):
+def _sym_numel(x: Any) -> Any:
     return math.prod(x.shape)
 
 
-def _assert_scalar(cond, msg=""):
+def _assert_scalar(cond: Any, msg: str = "") -> None:
     """torch's runtime check of sizes: refused when it is known false; a check of symbolic sizes
     (unknown here) was proven by torch within the program's ranges, which `jax.export` checks."""
     if cond is False:
         raise ExportedInputError(f"jaxtorch: the exported program's runtime check failed: {msg}")
 
 
-def _ignore(*args, **kwargs):
+def _ignore(*args: Any, **kwargs: Any) -> None:
     return None
 
 
@@ -307,7 +307,7 @@ _SIZE_FUNCTIONS = {
 }
 
 
-def _runner(target) -> Callable | None:
+def _runner(target: Any) -> Callable | None:
     """The function a graph node's target runs on JAX values; None if there is none."""
     if target in _OWN:
         return _OWN[target]
@@ -324,7 +324,7 @@ def _runner(target) -> Callable | None:
 def _lowered(op: torch._ops.OpOverload, lowering: Callable) -> Callable:
     random = registry.is_flagged(op, registry.RANDOM)
 
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any) -> Any:
         jargs, jkwargs = _unwrap_args(args, kwargs, op, False)
         if random:
             jkwargs["key"] = next_key(op)
@@ -334,12 +334,12 @@ def _lowered(op: torch._ops.OpOverload, lowering: Callable) -> Callable:
 
 
 # ---- reading the program -----------------------------------------------------------------------
-def _expr(s) -> Any:
+def _expr(s: Any) -> Any:
     """The sympy expression of a size (`int` or `torch.SymInt`)."""
     return s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
 
 
-def _free_symbols(val) -> set:
+def _free_symbols(val: Any) -> set:
     found: set = set()
     if isinstance(val, torch.Tensor):
         for s in val.shape:
@@ -352,7 +352,7 @@ def _free_symbols(val) -> set:
     return found
 
 
-def _bound(x) -> int | None:
+def _bound(x: Any) -> int | None:
     """A range end as an int; None where it is unbounded (`int_oo`) or beyond any size."""
     try:
         v = int(x)
@@ -377,7 +377,7 @@ def _dims_scope(ep: ExportedProgram) -> tuple[jax.export.SymbolicScope | None, d
     return jax.export.SymbolicScope(constraints), ranges
 
 
-def _jax_shape(val: torch.Tensor, scope, where: str) -> tuple:
+def _jax_shape(val: torch.Tensor, scope: Any, where: str) -> tuple:
     """The JAX shape of a placeholder's fake tensor: ints, and symbolic dimensions in `scope`."""
     exprs = [_expr(s) for s in val.shape]
     if all(e.is_Integer for e in exprs):
@@ -392,7 +392,7 @@ def _jax_shape(val: torch.Tensor, scope, where: str) -> tuple:
     return tuple(dims)
 
 
-def _jax_dtype(dtype: torch.dtype, shape) -> Any:
+def _jax_dtype(dtype: torch.dtype, shape: Any) -> Any:
     return scalar_jax_dtype(dtype) if len(shape) == 0 else to_jax_dtype(dtype)
 
 
@@ -431,7 +431,7 @@ def _check_program(gm: torch.fx.GraphModule, inputs: set) -> None:
         raise UnsupportedOpError(missing[0], f"the exported program needs {len(missing)} op(s) without one: {names}")
 
 
-def _data_dependent(target) -> bool:
+def _data_dependent(target: Any) -> bool:
     return target is aten._local_scalar_dense.default or (
         isinstance(target, torch._ops.OpOverload) and registry.is_flagged(target, registry.DATA_DEPENDENT)
     )
@@ -585,7 +585,7 @@ class ExportedFunction:
         self.kwarg_specs: dict = dict(kwargs)
 
     @staticmethod
-    def _spec(val, scope, name: str) -> Any:
+    def _spec(val: Any, scope: Any, name: str) -> Any:
         if isinstance(val, torch.Tensor):
             shape = _jax_shape(val, scope, f"the input `{name}`")
             return jax.ShapeDtypeStruct(shape, _jax_dtype(val.dtype, shape))
@@ -603,7 +603,14 @@ class ExportedFunction:
             f"{len(self._state_spec)} state entries, inputs {self.input_specs}{', mutable' if self.mutable else ''}>"
         )
 
-    def __call__(self, params: Mapping[str, jax.Array], *args, state=None, rng: jax.Array | None = None, **kwargs):
+    def __call__(
+        self,
+        params: Mapping[str, jax.Array],
+        *args: Any,
+        state: Any = None,
+        rng: jax.Array | None = None,
+        **kwargs: Any,
+    ) -> Any:
         check_tree(params, self._params_spec, what="params", other=self._state_spec, other_what="`state=`")
         if state is None:
             state = self.state
@@ -666,7 +673,7 @@ class ExportedFunction:
         self._check_ranges(bindings)
         return leaves
 
-    def _check_array(self, i: int, leaf, val: torch.Tensor, jspec, bindings: dict) -> None:
+    def _check_array(self, i: int, leaf: Any, val: torch.Tensor, jspec: Any, bindings: dict) -> None:
         where = f"argument {i}"
         if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
             raise ExportedInputError(f"jaxtorch: {where} is {type(leaf).__name__}; the program takes an array {jspec}")
@@ -724,7 +731,7 @@ class ExportedFunction:
                 )
 
 
-def _rebuild(spec: torch_pytree.TreeSpec, leaves) -> Any:
+def _rebuild(spec: torch_pytree.TreeSpec, leaves: Any) -> Any:
     """`torch_pytree.tree_unflatten` of `leaves` (an iterator), but a Hugging Face `ModelOutput` is
     filled key by key: its constructor iterates over a lone first field that is not a torch tensor,
     which a JAX array of symbolic size cannot be."""
@@ -750,7 +757,7 @@ def _walk(plan: list[tuple[torch.fx.Node, Callable | None]], inputs: list) -> li
     env: dict[torch.fx.Node, Any] = {}
     it = iter(inputs)
 
-    def value(a):
+    def value(a: Any) -> Any:
         return env[a] if isinstance(a, torch.fx.Node) else a
 
     for node, run in plan:
@@ -782,7 +789,7 @@ def _undecided(node: torch.fx.Node) -> Any:
     )
 
 
-def _conform(out, val, node) -> Any:
+def _conform(out: Any, val: Any, node: Any) -> Any:
     """`out` checked against the node's fake value: the rank torch computed, and torch's dtype
     (cast where a lowering's JAX dtype differs, as torch defines the result)."""
     if isinstance(val, torch.Tensor) and hasattr(out, "dtype"):

@@ -60,7 +60,7 @@ def _concrete_shapes(tree: Any, what: str) -> Any:
     return tree
 
 
-def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> Any:
+def call_torch(fn: Callable, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
     """Run the torch function `fn` on JAX values; return JAX values.
 
     Every `jax.Array` in `args`/`kwargs` (any nesting) is seen by `fn` as a torch tensor on
@@ -93,14 +93,14 @@ def call_torch(fn: Callable, *args, rng: jax.Array | None = None, **kwargs) -> A
         return _run_torch(fn, targs, tkwargs, rng)
 
 
-def _modules_of(fn, args, kwargs) -> list[torch.nn.Module]:
+def _modules_of(fn: Callable[..., Any], args: Any, kwargs: Any) -> list[torch.nn.Module]:
     """The modules a `call_torch` call can reach directly: `fn`, its `__self__`, its arguments."""
     found = [fn, getattr(fn, "__self__", None), *args, *kwargs.values()]
     return [m for m in found if isinstance(m, torch.nn.Module)]
 
 
-def _reject_tensor(where: str):
-    def check(x):
+def _reject_tensor(where: str) -> Callable[[Any], Any]:
+    def check(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor):
             return tensor_to_jax(x)  # a snapshot, as `jax.jit` converts it (`tensor._convert`)
         if isinstance(x, np.ndarray):
@@ -110,7 +110,7 @@ def _reject_tensor(where: str):
     return check
 
 
-def jax_inputs(tree, where: str):
+def jax_inputs(tree: Any, where: str) -> Any:
     """`tree` with NumPy arrays and torch tensors as JAX arrays (what `jax.jit` does to them;
     tensors are read as snapshots, as `jaxtorch.to_jax` reads them).
 
@@ -120,7 +120,9 @@ def jax_inputs(tree, where: str):
     return tree_map(_reject_tensor(where), tree)
 
 
-def _run_torch(fn: Callable, targs, tkwargs, rng, data=None, dtypes: list | None = None) -> Any:
+def _run_torch(
+    fn: Callable, targs: Any, tkwargs: Any, rng: jax.Array | None, data: Any = None, dtypes: list | None = None
+) -> Any:
     """Run `fn` on torch-side arguments inside the jax-by-default environment; JAX result.
 
     The JAX-first entry points (`call_torch`, `extract`'s `fn`) call it with torch's grad mode on,
@@ -144,7 +146,7 @@ def _run_torch(fn: Callable, targs, tkwargs, rng, data=None, dtypes: list | None
     return region.finish(jax_view(_jaxify_leftovers(out)))  # jax_view's walk registers new containers
 
 
-def _jaxify_leftovers(tree):
+def _jaxify_leftovers(tree: Any) -> Any:
     """Plain CPU tensors in a result (constants, a module's own tensor) become JAX arrays too:
     snapshots, so a later torch write to them does not reach the result."""
     return tree_map(
@@ -226,7 +228,7 @@ def extract(
     return params, fn
 
 
-def _labelled(value, dtype: torch.dtype | None) -> JaxTensor:
+def _labelled(value: Any, dtype: torch.dtype | None) -> JaxTensor:
     """A module tensor's value as a tensor of its torch dtype (`tensor._tensor.labelled`)."""
     return JaxTensor(value) if dtype is None else labelled(value, dtype)
 
@@ -328,7 +330,9 @@ class ModuleFunction:
             f"{', mutable' if self.mutable else ''}>"
         )
 
-    def __call__(self, params: dict[str, jax.Array], *args, state=None, rng: jax.Array | None = None, **kwargs):
+    def __call__(
+        self, params: dict[str, jax.Array], *args: Any, state: Any = None, rng: jax.Array | None = None, **kwargs: Any
+    ) -> Any:
         check_tree(
             params,
             self._params_spec,
@@ -390,7 +394,9 @@ class _Frozen:
     once; its arrays are closed-over constants, which JAX passes to the compiled program as
     arguments (not embedded in it)."""
 
-    def __init__(self, module: torch.nn.Module, modes, kernels: dict, params: dict, state: dict[str, jax.Array]):
+    def __init__(
+        self, module: torch.nn.Module, modes: Any, kernels: dict, params: dict, state: dict[str, jax.Array]
+    ) -> None:
         self.state = state
         self._args = (module, modes, kernels, spec_params(params))
         self._fns: dict[tuple[bool, bool], ModuleFunction] = {}
@@ -433,7 +439,9 @@ class TorchModule(eqx.Module):
     frozen: _Frozen = eqx.field(static=True)
     conv_layout: ConvLayout = eqx.field(static=True, default="torch")
 
-    def __call__(self, *args, state: dict[str, jax.Array] | None = None, rng: jax.Array | None = None, **kwargs):
+    def __call__(
+        self, *args: Any, state: dict[str, jax.Array] | None = None, rng: jax.Array | None = None, **kwargs: Any
+    ) -> Any:
         if not isinstance(self.inference, (bool, np.bool_)):
             raise TypeError(
                 "jaxtorch: TorchModule.inference is traced (the module went through jax.jit as an argument); the "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -58,7 +59,7 @@ def _is_nnx(module: Any) -> bool:
     return isinstance(cls, type) and isinstance(module, cls)
 
 
-def _name(path) -> str:
+def _name(path: Any) -> str:
     """A torch attribute name for a pytree path: `(.layers, [0], .weight)` -> `layers_0_weight`."""
     name = "_".join(
         re.sub(r"\W+", "_", str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))).strip("_") for k in path
@@ -177,7 +178,7 @@ class JaxModule(torch.nn.Module):
         self._codecs = [_codec(x) for x in state_leaves]
         self._state_names, self._state_def = self._register(state, self.register_buffer, False)
 
-    def _register(self, tree: Any, register, as_param: bool) -> tuple[list[str], Any]:
+    def _register(self, tree: Any, register: Callable[..., Any], as_param: bool) -> tuple[list[str], Any]:
         """Register each leaf of `tree` as a Parameter (`as_param`) or buffer; -> (names, treedef)."""
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
         names: list[str] = []
@@ -204,7 +205,7 @@ class JaxModule(torch.nn.Module):
         module = eqx.combine(tree, self._static)
         return module if training is None else eqx.nn.inference_mode(module, not training)
 
-    def _run(self, params: list, state: list, training: bool, *args, **kwargs) -> tuple[Any, list]:
+    def _run(self, params: list, state: list, training: bool, *args: Any, **kwargs: Any) -> tuple[Any, list]:
         """The pure function `forward` runs: (output, the module's state leaves after the call)."""
         module = self._rebuild(params, state, training)
         out = module(*args, **kwargs)
@@ -221,7 +222,7 @@ class JaxModule(torch.nn.Module):
             )
         return out, new_leaves
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         params = [getattr(self, n) for n in self._param_names]
         state = [getattr(self, n) for n in self._state_names]
         out, new_state = call_jax(self._run, params, state, self.training, *args, **kwargs)
