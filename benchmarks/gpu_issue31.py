@@ -6,7 +6,7 @@
    step eager: SGD's momentum is created there), with an inf gradient injected at two steps: the
    scale sequences and skipped steps must be equal, the parameters close (fp16 products differ
    between cuBLAS and XLA).
-2. The float32 reciprocal GradScaler uses (`jaxtorch.ops.amp.f32_reciprocal`, int32 arithmetic) on
+2. The float32 reciprocal GradScaler uses (`jaxtorch.bridge.core._float_bits.f32_reciprocal`, int32 arithmetic) on
    the GPU against numpy's correctly rounded `float32(1 / float64(x))`, over every positive normal
    float32 whose reciprocal is normal, and XLA's own f32 division for comparison.
 
@@ -97,7 +97,7 @@ def reciprocal(chunks: int, chunk: int = 1 << 25) -> None:
     import jax
     import jax.numpy as jnp
 
-    from jaxtorch.ops.amp import f32_reciprocal
+    from jaxtorch.bridge.core._float_bits import f32_reciprocal
 
     f = jax.jit(lambda b: f32_reciprocal(jax.lax.bitcast_convert_type(b, jnp.float32)))
     div = jax.jit(lambda b: 1.0 / jax.lax.bitcast_convert_type(b, jnp.float32))

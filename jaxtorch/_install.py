@@ -110,8 +110,9 @@ INSTALLS: tuple[Install, ...] = (
     ),
     Install(
         "tensor-dispatch",
-        "JaxTensor.__torch_dispatch__ <- the dispatch layer's interpreter",
-        lambda: _tensor.install_dispatch(_interpreter.dispatch),
+        "JaxTensor.__torch_dispatch__ and JaxDispatchMode.__torch_dispatch__ <- the dispatch layer's "
+        "interpreter (keeping backward's exceptions under torch's Python guard)",
+        _interpreter.install_dispatch,
     ),
     Install(
         "foreach",

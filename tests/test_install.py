@@ -33,6 +33,7 @@ from jaxtorch.bridge.dispatch import (
     _routing,
 )
 from jaxtorch.bridge.tensor import _autograd, _generator, _tensor
+from jaxtorch.bridge.tensor import _device as _device_module
 from jaxtorch.bridge.tensor._tensor import JaxTensor
 
 
@@ -108,7 +109,13 @@ def _backend_kernels() -> None:
 
 
 def _tensor_dispatch() -> None:
-    assert _tensor._dispatch is not _tensor._no_dispatch
+    # the interpreter itself with the C++ device guard, else wrapped to keep backward's exceptions:
+    # which one depends on the device step having run first
+    entries = [(_tensor._dispatch, _interpreter.dispatch)]
+    entries.append((_interpreter.JaxDispatchMode.__torch_dispatch__, _interpreter._MODE_DISPATCH))
+    for entry, fn in entries:
+        assert getattr(entry, "__wrapped__", entry) is fn
+        assert (entry is fn) == bool(_device_module.CPP_GUARD)
     torch.testing.assert_close((torch.ones(2, device="jax") + 1).cpu(), torch.full((2,), 2.0))
 
 

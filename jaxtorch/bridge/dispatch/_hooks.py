@@ -40,7 +40,8 @@ from jax.custom_derivatives import SymbolicZero
 
 from ..core._autodiff import differentiated_by_jax
 from ..core._errors import HookUnderTraceError
-from ..tensor._device import CPP_GUARD, keep_hook_errors
+from ..tensor import _device
+from ..tensor._device import keep_hook_errors
 from ..tensor._tensor import JaxTensor, labelled, root, set_same_data
 
 _Tracer = jax.core.Tracer
@@ -220,7 +221,7 @@ class _Both:
 def _apply_on_tensors(self, fn, args):
     """torch's `BackwardHook._apply_on_tensors`, with JAX's identity in place of its graph node
     when JAX, not torch, differentiates the module's tensors."""
-    if not CPP_GUARD:  # (torch's Python guard would abort on a module hook's exception in backward)
+    if not _device.CPP_GUARD:  # (torch's Python guard would abort on a module hook's exception in backward)
         fn = _keeping(fn)
     idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors = [args[i] for i in idx]

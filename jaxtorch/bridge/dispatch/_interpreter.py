@@ -894,8 +894,19 @@ class JaxDispatchMode(TorchDispatchMode):
         return _mode_dispatch(func, types, args, kwargs or {})
 
 
-# with torch's Python guard, an exception raised in an op the autograd engine runs is kept (`engine_entry`)
-JaxDispatchMode.__torch_dispatch__ = engine_entry(JaxDispatchMode.__torch_dispatch__)  # type: ignore[method-assign]
+_MODE_DISPATCH = JaxDispatchMode.__torch_dispatch__  # (as defined; `install_dispatch` wraps it)
+
+
+def install_dispatch() -> None:
+    """Make the interpreter run every op on the jax device (idempotent; `jaxtorch._install` calls it
+    after the device's install, which chose the device guard): `JaxTensor.__torch_dispatch__` calls
+    `dispatch`, and with torch's Python guard an exception raised in an op the autograd engine runs
+    is kept by both entry points (`engine_entry`).
+
+    **Example:** `install_dispatch(); torch.ones(2, device="jax") + 1`.
+    """
+    _tensor.install_dispatch(dispatch)
+    JaxDispatchMode.__torch_dispatch__ = engine_entry(_MODE_DISPATCH)  # type: ignore[method-assign]
 
 
 def _mode_dispatch(func, types, args, kwargs):
