@@ -899,10 +899,7 @@ def _mode_dispatch(func, types, args, kwargs):
             func, args, kwargs = like
         return _place(dispatch(func, args, kwargs), kwargs.get("device"))
     if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
-        for i, name, kw_only in _mutated_args(func):
-            t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
-            if isinstance(t, torch.Tensor):
-                _tensor._check_write(t)
+        writes.check_writes(args, kwargs, _mutated_args(func))
     return func(*args, **kwargs)
 
 

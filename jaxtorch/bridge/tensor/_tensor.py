@@ -378,6 +378,7 @@ def _identity(a):
 
 # Checks run before a write lands in a tensor (`jaxtorch.compile` refuses, while it traces,
 # writes to tensors that are not program state). Empty outside a trace: one list test.
+# Installed only through `dispatch/_writes.checking`, which owns the write rules.
 write_checks: list[Callable[[JaxTensor], None]] = []
 
 
