@@ -368,3 +368,49 @@ def test_xla_helpers_turn_lazy_mode_on_and_mark_steps():
     assert not m.fallbacks and not m.unplanned, xm.metrics_report()
     report = xm.metrics_report()
     assert "compiled programs: 2" in report and "cache hits: 1" in report
+
+
+# ---- the one choice between the executors (issue 32, item 4) ----------------------------------
+def test_the_executor_is_chosen_by_one_function():
+    """`_executor.executor`: lazy in lazy mode outside a trace, or for a pending value; eager
+    under a JAX trace, in checked mode and outside lazy mode."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtorch.bridge.core._eager import EAGER
+    from jaxtorch.bridge.core._executor import executor
+    from jaxtorch.bridge.core._lazy import LAZY
+
+    assert executor() is EAGER
+    with jaxtorch.lazy():
+        x = torch.ones(3, device="jax") + 1
+        assert _pending(x) and executor() is LAZY
+        seen = []
+        jax.jit(lambda a: seen.append(executor()) or a)(jnp.ones(2))
+        assert seen == [EAGER]  # (under a trace: the lowering is traced)
+        with jaxtorch.checks():
+            assert executor() is EAGER and executor(x._raw()) is LAZY  # (a pending value is recorded)
+            y = x * 2  # checked mode runs ops eagerly, after executing what they read
+            assert not _pending(y)
+        assert executor(jnp.ones(2)) is LAZY
+    assert executor(jnp.ones(2)) is EAGER
+    assert y.tolist() == [4.0, 4.0, 4.0]
+
+
+def test_no_site_outside_the_executors_tests_the_mode_or_records_by_itself():
+    """Every eager/lazy choice goes through `_executor.executor`: nothing else reads the lazy
+    switch or calls the lazy executor's recording functions."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(jaxtorch.__file__).parent
+    pattern = re.compile(r"\b_?lazy\.(apply|nullary|ACTIVE)\b|\b(LAZY|EAGER) if\b|_LAZY_ON\[0\]")
+    allowed = {"bridge/core/_executor.py", "bridge/core/_lazy.py"}
+    found = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for p in sorted(root.rglob("*.py"))
+        if str(p.relative_to(root)) not in allowed
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == [], found

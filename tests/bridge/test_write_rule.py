@@ -309,3 +309,31 @@ def test_pytorch_first_paths_write_cpu_tensors_as_torch_does():
     finally:
         jaxtorch.disable_globally()
     assert t.tolist() == [1.0, 5.0, 5.0]
+
+
+def test_only_the_write_rule_module_installs_write_checks():
+    """Issue 32 item 4: `dispatch/_writes.py` owns the write checks; compile, remat and control
+    flow install theirs through `_writes.checking` (no other module touches the list)."""
+    import pathlib
+    import re
+
+    import jaxtorch.bridge.dispatch._writes as writes_mod
+    from jaxtorch.bridge.tensor import _tensor as tensor_mod
+
+    root = pathlib.Path(jaxtorch.__file__).parent
+    pattern = re.compile(r"write_checks\.(append|remove|insert|extend|pop|clear)|write_checks\s*[+]?=")
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for p in sorted(root.rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+        and p.name not in ("_writes.py",)
+        and not (p.name == "_tensor.py" and line.startswith("write_checks:"))
+    ]
+    assert found == [], found
+    seen = []
+    with writes_mod.checking(lambda t: seen.append(tuple(t.shape))):
+        assert len(tensor_mod.write_checks) == 1
+        with jaxtorch.default_env():
+            torch.zeros(2, 3, device="jax").add_(1)
+    assert tensor_mod.write_checks == [] and seen == [(2, 3)]

@@ -100,9 +100,9 @@ from ..core import _pytrees as pytrees
 from ..core._autodiff import jax_differentiates
 from ..core._errors import StateWriteError
 from ..dispatch import _autocast
+from ..dispatch import _writes as writes
 from ..state._binding import Binding, named_state
 from ..state._holders import ArgState, Holders, is_array_like, wants_grad
-from ..tensor import _tensor
 from ..tensor._autograd import _to_array
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._tensor import JaxTensor, labelled, make_view, root, root_data, view_fn, view_key, was_written, write
@@ -963,11 +963,10 @@ def _refusing_untracked_writes(target: Any) -> Iterator[None]:
     if stack is None:
         stack = _tracing.stack = []
     stack.append(target)
-    _tensor.write_checks.append(_refuse_untracked_write)
     try:
-        yield
+        with writes.checking(_refuse_untracked_write):
+            yield
     finally:
-        _tensor.write_checks.remove(_refuse_untracked_write)
         stack.pop()
 
 
@@ -975,7 +974,7 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return
-    if isinstance(t, JaxTensor) and isinstance(root_data(t), jax.core.Tracer):
+    if isinstance(t, JaxTensor) and writes.made_in(root_data(t)):
         return  # program state (an argument, a module's tensor) or made inside the program
     raise StateWriteError(
         f"jaxtorch.compile: the function writes in place into {_describe(t, stack[-1])}, which is not "

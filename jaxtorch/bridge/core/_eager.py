@@ -22,15 +22,16 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from . import _checks
 from ._errors import DataDependentError, MissingKeyError
-from ._executor import OpCall, bind, signature
 from ._precision import matmul_precision
 from ._random import next_key, take_generator
+from ._signature import OpCall, bind, signature
 
 _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 2000  # cached signatures per op
@@ -85,6 +86,18 @@ class EagerExecutor:
             return run(op, jargs, jkwargs)
         except jax.errors.ConcretizationTypeError as e:
             raise DataDependentError(op.func, str(e).splitlines()[0]) from e
+
+    def run(self, runner: Callable, args: Any, kwargs: Any) -> Any:
+        """`runner(self, args, kwargs)`."""
+        return runner(self, args, kwargs)
+
+    def apply(self, key: Any, fn: Callable, *inputs: Any) -> Any:
+        """`fn(*inputs)`, now (`_executor.executor` gives no pending input to this executor)."""
+        return fn(*inputs)
+
+    def nullary(self, key: Any, fn: Callable[[], Any]) -> Any:
+        """`fn()`, now."""
+        return fn()
 
 
 EAGER = EagerExecutor()

@@ -1,24 +1,26 @@
-"""The executor seam: how the dispatcher runs one op's JAX lowering.
+"""The executor seam: how the dispatcher runs one op's JAX lowering, and the one place that
+chooses eager or lazy execution.
 
 The dispatcher (`jaxtorch.bridge.dispatch`) turns a torch op into a call of its lowering on
-JAX values and hands that call to an *executor*, chosen per call:
+JAX values and hands that call to an *executor*, chosen per call by `executor()`:
 
 - `jaxtorch.bridge.core._eager.EAGER` runs it now, through one cached `jax.jit` per op and
   argument signature (under a JAX trace the lowering is called directly, into the trace);
 - `jaxtorch.bridge.core._lazy.LAZY` records it into the pending graph (lazy mode), run as
   one XLA program at `mark_step`.
 
-Both implement `Executor` (one method, `call`, and one field, `pending`) and receive the
-op as an `OpCall` record: the lowering and its flags, looked up once per op, and the op's
-own caches (so the hot path hashes no `OpOverload`). Both key a call's arguments with
-`signature`, the one place that splits arguments into dynamic inputs (arrays, and Python
-floats where they are traced) and a hashable static part.
+Both implement `Executor` and receive the op as an `OpCall` record (`_signature`: the lowering
+and its flags, looked up once per op, and the op's own caches, so the hot path hashes no
+`OpOverload`); both key a call's arguments with `_signature.signature`. The bridge's own
+computations on a tensor's values (a write's cast, a scatter through a view, a device move's
+cast) go through the same executors (`apply`), so nothing outside this module asks whether
+lazy mode is on.
 
 Example:
     ```python
     op = OpCall(aten.add.Tensor, add_lowering, "aten::add.Tensor", random=False, data_dependent=False)
-    out = EAGER.call(op, [x, y], {})          # a jax.Array
-    out = LAZY.call(op, [x, y], {})           # a pending LazyArray
+    out = executor().call(op, [x, y], {})                   # a jax.Array, or a pending LazyArray
+    y = executor(a).apply(("astype", jd), lambda v: v.astype(jd), a)   # recorded when `a` is pending
     ```
 """
 
@@ -27,63 +29,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import jax
+from jax._src import core as _jax_core
 
-_ArrayImpl = type(jax.numpy.zeros(()))
-_Array = jax.Array
-# exact types of the dynamic inputs (`_lazy` adds its `LazyArray`); other `jax.Array`s
-# (tracers, subclasses) are dynamic too, found by `isinstance` on the general path
-ARRAY_TYPES: set[type] = {_ArrayImpl}
-
-
-class OpCall:
-    """One op's lowering and what the executors need to know about it, built once per op.
-
-    **Arguments:**
-    - `func`: the `OpOverload` (for errors, keys and metrics);
-    - `lowering`: its JAX lowering (arrays in, arrays out);
-    - `name`: `func.name()` (a JAX named scope, a node's name);
-    - `random`: the lowering takes a `key=` (drawn per call);
-    - `data_dependent`: its output shape depends on values (runs on concrete values);
-    - `floats`: whether Python floats are traced inputs (None: when an argument is an array).
-    """
-
-    __slots__ = (
-        "func",
-        "lowering",
-        "name",
-        "random",
-        "data_dependent",
-        "floats",
-        "floats_static",
-        "plain",
-        "jits",
-        "kinds",
-    )
-
-    def __init__(
-        self,
-        func: Any,
-        lowering: Callable,
-        name: str,
-        random: bool = False,
-        data_dependent: bool = False,
-        floats: bool | None = None,
-    ):
-        self.func, self.lowering, self.name = func, lowering, name
-        self.random, self.data_dependent, self.floats = random, data_dependent, floats
-        self.plain = not (random or data_dependent)  # neither: the executors' common case
-        self.floats_static = False  # lazy: set once the lowering is seen to branch on a Python float
-        self.jits: dict = {}  # eager: signature key -> jitted function (or NOT_JITTABLE)
-        self.kinds: dict = {}  # lazy: signature key -> (node kind id, function)
-
-    def __repr__(self) -> str:
-        return f"OpCall({self.name})"
+from ._checks import ON as _CHECKS
+from ._eager import EAGER
+from ._lazy import ACTIVE as _LAZY_ON
+from ._lazy import LAZY, LazyArray
+from ._signature import OpCall
 
 
 class Executor(Protocol):
-    """Runs (or records) `op.lowering(*jargs, **jkwargs)`; returns JAX values (arrays,
-    tracers or pending `LazyArray`s) in the lowering's output structure.
+    """Runs (or records) JAX computations for the dispatcher; returns JAX values (arrays,
+    tracers or pending `LazyArray`s) in the computation's output structure.
 
     `pending`: whether arguments may be pending values (`LazyArray`s): the dispatcher then
     unwraps tensors without executing what they hold.
@@ -91,195 +48,39 @@ class Executor(Protocol):
 
     pending: bool
 
-    def call(self, op: OpCall, jargs: list, jkwargs: dict) -> Any: ...
+    def call(self, op: OpCall, jargs: list, jkwargs: dict) -> Any:
+        """`op.lowering(*jargs, **jkwargs)`: an op's lowering."""
+        ...
+
+    def run(self, runner: Callable[[Executor, Any, Any], Any], args: Any, kwargs: Any) -> Any:
+        """`runner(self, args, kwargs)`: one op's runner (its unwrapping, calls and writes) with this executor."""
+        ...
+
+    def apply(self, key: Any, fn: Callable, *inputs: Any) -> Any:
+        """`fn(*inputs)`, a computation of the bridge on JAX values; `key` (hashable) identifies `fn`."""
+        ...
+
+    def nullary(self, key: Any, fn: Callable[[], Any]) -> Any:
+        """`fn()`, a value with no inputs (`torch.empty` on the device); `key` identifies `fn`."""
+        ...
 
 
-# ---- the argument keyer ------------------------------------------------------------------------
-class _Slot:
-    """Marks where a dynamic input goes in the static skeleton of the arguments."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<array>"
+_trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
 
 
-SLOT = _Slot()
-_SIMPLE = frozenset({int, bool, float, type(None), str})
-_INT_TYPES = frozenset({int, bool})
-_FLOAT_TYPES = frozenset({float})
-_DYN_LIST = object()  # in a flat plan: (_DYN_LIST, list or tuple, length): a list of dynamic inputs
-_ALL_ARRAYS = [((None,) * n, ()) for n in range(8)]  # the key of n array arguments
-_GENERAL = object()  # a plan's tag: (_GENERAL, skeleton of args, skeleton of kwargs)
+def executor(*values: Any) -> Executor:
+    """The executor of a call: lazy (`LAZY`) when one of `values` is pending, or when lazy mode is
+    on, no JAX trace is active and checked mode is off (it runs ops eagerly); eager (`EAGER`,
+    which under a trace calls lowerings directly into it) otherwise.
 
+    **Arguments:** `values`: the JAX values the call reads, when the caller holds them
+    (`apply`); none for an op `dispatch` runs (its tensors are unwrapped by the executor's rule).
 
-def signature(jargs: list, jkwargs: dict, floats: bool | None) -> tuple[Any, list, Any] | None:
-    """`(key, dyn, plan)` of a call: `dyn` its dynamic inputs, `key` (hashable) the rest, and
-    `plan` how `bind` rebuilds the call from `dyn`. None when a static argument is unhashable.
+    **Returns:** `EAGER` or `LAZY`.
 
-    Arrays are dynamic. Python floats are dynamic when `floats` is true, or when it is None
-    and an argument is an array (a factory's floats stay static: their type decides the
-    result dtype). Static floats are keyed by their bits (`0.0` and `-0.0` differ), lists
-    of ints by value and element types (`[1, 0]` and `[True, False]` differ).
-
-    **Example:**
-        ```python
-        key, dyn, plan = signature([x, 2, 0.5], {}, None)   # dyn == [x, 0.5]
-        fn = bind(lowering, plan); fn(*dyn) == lowering(x, 2, 0.5)
-        ```
+    **Example:** `executor().call(op, [x, y], {})`; `executor(old, value).apply(key, fn, old, value)`.
     """
-    arrays_t = ARRAY_TYPES
-    if not jkwargs:  # the commonest call, all arrays (`a + b`, `mm(a, b)`): its key is known
-        for a in jargs:
-            if type(a) not in arrays_t:
-                break
-        else:
-            n = len(jargs)
-            key = _ALL_ARRAYS[n] if n < 8 else ((None,) * n, ())
-            return key, jargs, key
-    allow_floats = floats is not False
-    arrays = dyn_floats = False
-    keys: list = []  # per argument: None (a dynamic input), (type, key) of a static one, or a dynamic list
-    dyn: list = []
-    kwnames = tuple(jkwargs) if jkwargs else ()
-    for a in (*jargs, *jkwargs.values()) if kwnames else jargs:
-        t = type(a)
-        if t in arrays_t:
-            arrays = True
-            dyn.append(a)
-            keys.append(None)
-        elif t is float:
-            if allow_floats:
-                dyn_floats = True
-                dyn.append(a)
-                keys.append(None)
-            else:
-                keys.append((float, a.hex()))
-        elif t in _SIMPLE:
-            keys.append((t, a))
-        elif t is list or t is tuple:
-            types = set(map(type, a))
-            if types <= _INT_TYPES:
-                keys.append((t, (tuple(a), tuple(map(type, a)))))
-            elif types <= arrays_t or (allow_floats and types == _FLOAT_TYPES):  # (a foreach op's lists)
-                arrays = arrays or bool(types) and types != _FLOAT_TYPES
-                dyn_floats = dyn_floats or types == _FLOAT_TYPES
-                dyn.extend(a)
-                keys.append((_DYN_LIST, t, len(a)))
-            else:
-                return _general(jargs, jkwargs, floats)
-        elif isinstance(a, _Array):  # a tracer, another array type: the general path decides
-            return _general(jargs, jkwargs, floats)
-        else:
-            try:
-                hash(a)  # (a dtype, a device, a layout: static)
-            except TypeError:
-                return None
-            keys.append((t, a))
-    if dyn_floats and not arrays and not floats:
-        return _general(jargs, jkwargs, False)  # (a factory: its floats stay static)
-    key = (tuple(keys), kwnames)
-    return key, dyn, key
-
-
-def _general(jargs: list, jkwargs: dict, floats: bool | None):
-    """`signature` for nested arguments and other objects: a recursive walk."""
-    if floats is None:
-        floats = _has_array(jargs) or _has_array(jkwargs.values())
-    dyn: list = []
-    try:
-        key_a, skel_a = _split(tuple(jargs), dyn, floats)
-        key_k, skel_k = _split(tuple(jkwargs.items()), dyn, floats) if jkwargs else ((), ())
-        hash(key_a), hash(key_k)
-    except TypeError:
-        return None
-    return (_GENERAL, key_a, key_k), dyn, (_GENERAL, skel_a, skel_k)
-
-
-def _has_array(xs) -> bool:
-    for x in xs:
-        if type(x) in ARRAY_TYPES or isinstance(x, _Array):
-            return True
-        if type(x) in (list, tuple) and _has_array(x):
-            return True
-    return False
-
-
-def _split(x, dyn: list, floats: bool):
-    """(hashable key part, skeleton) of one argument; dynamic inputs go to `dyn`."""
-    t = type(x)
-    if t in ARRAY_TYPES or isinstance(x, _Array) or (floats and t is float):
-        dyn.append(x)
-        return SLOT, SLOT
-    if t is list or t is tuple:
-        parts = [_split(y, dyn, floats) for y in x]
-        return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
-    hash(x)
-    return (t, x.hex() if t is float else x), x
-
-
-def _fill(skel, it):
-    if skel is SLOT:
-        return next(it)
-    if type(skel) is list or type(skel) is tuple:
-        return type(skel)(_fill(s, it) for s in skel)
-    return skel
-
-
-def _static_value(k: tuple):
-    """The argument a flat key `(type, key)` stands for."""
-    t, v = k
-    if t is float:
-        return float.fromhex(v)
-    if t is list or t is tuple:
-        return t(v[0])
-    return v
-
-
-def bind(lowering: Callable, plan, wrap: Callable | None = None) -> Callable:
-    """`fn(*dyn)` calling `lowering` with the call that `signature` split into `plan`.
-
-    `wrap` (optional) is a context manager factory entered around the call (the matmul
-    precision)."""
-    if plan[0] is _GENERAL:
-        _, skel_a, skel_k = plan
-
-        def general(*dyn):
-            it = iter(dyn)
-            args = _fill(skel_a, it)
-            kwargs = dict(_fill(skel_k, it)) if skel_k else {}
-            if wrap is None:
-                return lowering(*args, **kwargs)
-            with wrap():
-                return lowering(*args, **kwargs)
-
-        return general
-    keys, kwnames = plan
-    nk = len(kwnames)
-    statics = [None if k is None or k[0] is _DYN_LIST else _static_value(k) for k in keys]
-    lists = [k[1] if k is not None and k[0] is _DYN_LIST else None for k in keys]
-    sizes = [k[2] if k is not None and k[0] is _DYN_LIST else 0 for k in keys]
-    simple = all(k is None or k[0] is not _DYN_LIST for k in keys)
-    sig = keys
-
-    def flat(*arrays):
-        if simple:
-            it = iter(arrays)
-            vals = [next(it) if s is None else v for s, v in zip(sig, statics)]
-        else:
-            vals, i = [], 0
-            for s, v, lt, n in zip(sig, statics, lists, sizes):
-                if lt is not None:
-                    vals.append(lt(arrays[i : i + n]))
-                    i += n
-                elif s is None:
-                    vals.append(arrays[i])
-                    i += 1
-                else:
-                    vals.append(v)
-        if wrap is None:
-            return lowering(*vals[: len(vals) - nk], **dict(zip(kwnames, vals[len(vals) - nk :])))
-        with wrap():
-            return lowering(*vals[: len(vals) - nk], **dict(zip(kwnames, vals[len(vals) - nk :])))
-
-    return flat
+    for v in values:
+        if type(v) is LazyArray:
+            return LAZY
+    return LAZY if _LAZY_ON[0] and _trace_clean() and not _CHECKS[0] else EAGER

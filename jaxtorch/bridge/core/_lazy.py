@@ -60,9 +60,9 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type
 
 from . import _eager as eager
-from ._executor import ARRAY_TYPES, OpCall, bind, signature
 from ._precision import matmul_precision
 from ._random import next_key, take_generator
+from ._signature import ARRAY_TYPES, OpCall, bind, signature
 
 # ACTIVE[0]: whether ops on the jax device are recorded. One process-wide switch (torch's
 # autograd runs backward ops on its own thread, which must record too).
@@ -292,6 +292,20 @@ class LazyExecutor:
                     if out is not _EAGER:
                         return out
         return record(op, jargs, jkwargs)
+
+    def run(self, runner: Callable, args: Any, kwargs: Any) -> Any:
+        """`runner(self, args, kwargs)` holding the graph's lock: the pending graph and tensors'
+        views are shared by all threads."""
+        with _lock:
+            return runner(self, args, kwargs)
+
+    def apply(self, key: Any, fn: Callable, *inputs: Any) -> Any:
+        """`fn(*inputs)`, recorded when an input is pending (see `apply`)."""
+        return apply(key, fn, *inputs)
+
+    def nullary(self, key: Any, fn: Callable[[], Any]) -> Any:
+        """`fn()`, recorded (see `nullary`)."""
+        return nullary(key, fn)
 
 
 LAZY = LazyExecutor()

@@ -43,6 +43,7 @@ import torch.utils.checkpoint as _tc
 
 from ..core import _lazy, _random, _tracing
 from ..core._errors import TorchVersionError
+from ..core._executor import executor
 from ..tensor._tensor import JaxTensor
 from . import _remat
 from ._custom_function import _traced_untracked
@@ -89,9 +90,7 @@ def _replaying(snapshot: tuple[str, Any]):
 
 # ---- the barrier that keeps a recomputation apart from the forward (prevent CSE) ---------
 def _barrier_data(values: list) -> list:
-    if any(type(v) is _lazy.LazyArray for v in values):
-        return list(_lazy.apply(("optimization_barrier", len(values)), _barrier_tuple, *values))
-    return list(jax.lax.optimization_barrier(tuple(values)))
+    return list(executor(*values).apply(("optimization_barrier", len(values)), _barrier_tuple, *values))
 
 
 def _barrier_tuple(*values):

@@ -56,7 +56,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import _lazy, _random
 from ..core._errors import ControlFlowError
-from ..tensor._tensor import JaxTensor, labelled, root, root_data, write_checks
+from ..tensor._tensor import JaxTensor, labelled, root, root_data
+from . import _writes
 from ._remat import _Remat
 
 _TENSOR = object()  # marks where a tensor goes among a body's output leaves
@@ -86,8 +87,7 @@ class _Guard:
         r = root(t)
         if id(r) in self.inner:
             raise ControlFlowError(self.where, "writes in place to one of its inputs", "Write to a `.clone()` of it")
-        data = root_data(r)
-        if not (isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is self.trace):
+        if not _writes.made_in(root_data(r), self.trace):
             raise ControlFlowError(
                 self.where,
                 f"writes in place to a tensor of shape {list(r.shape)} from outside the body",
@@ -162,14 +162,12 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
         guard = _Guard(trace, inner, where)
         stack = _guards.__dict__.setdefault("stack", [])
         stack.append(guard)
-        write_checks.append(guard)
         reads = _Reads(trace)
         probe = jax.random.key(0)  # (a random op in the body would draw from it, and not from the call's key)
         try:
-            with reads, _random.key_scope(probe) as cell:
+            with _writes.checking(guard), reads, _random.key_scope(probe) as cell:
                 out = fn(list(inner))
         finally:
-            write_checks.remove(guard)
             stack.remove(guard)
         if cell is not None and cell[0] is not probe:
             raise ControlFlowError(

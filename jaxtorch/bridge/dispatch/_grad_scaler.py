@@ -39,9 +39,9 @@ import jax
 import torch
 from torch.amp.grad_scaler import GradScaler, OptState
 
-from ..core import _lazy as lazy
 from ..core import _pytrees as pytrees
 from ..core._errors import GradScalerError
+from ..core._executor import executor
 from ..core._float_bits import f32_reciprocal
 from ..tensor._tensor import JaxTensor, labelled, root, root_data
 
@@ -63,7 +63,7 @@ def inverse_scale(scale: JaxTensor) -> JaxTensor:
     **Example:** `inverse_scale(torch.full((), 3.0, device="jax"))` holds `0.33333334`.
     """
     data = root_data(scale) if root(scale) is scale else scale.elem
-    return labelled(lazy.apply(("f32_reciprocal",), f32_reciprocal, data), torch.float32)
+    return labelled(executor(data).apply(("f32_reciprocal",), f32_reciprocal, data), torch.float32)
 
 
 def _on_jax(scaler: GradScaler) -> bool:

@@ -36,13 +36,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..core import _lazy as lazy
 from ..core import _registry as registry
 from ..core import _tracing as tracing
-from ..core._checks import ON as _CHECKS
 from ..core._checks import meta_error
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype, to_torch_dtype
 from ..core._eager import EAGER
 from ..core._errors import DataDependentError, DeviceMismatchError, MetaTensorError, UnsupportedOpError
-from ..core._executor import Executor, OpCall, signature
-from ..core._lazy import LAZY
+from ..core._executor import Executor, executor
+from ..core._signature import OpCall, signature
 from ..tensor import _tensor
 from ..tensor._convert import array_to_torch, cast_on_host, tensor_to_jax
 from ..tensor._device import engine_entry, is_jax_device, jax_device_of
@@ -71,7 +70,6 @@ aten = torch.ops.aten
 _Tracer = jax.core.Tracer
 _ArrayImpl = type(jax.numpy.zeros(()))
 _Lazy = lazy.LazyArray
-_LAZY_ON = lazy.ACTIVE
 _local = threading.local()
 
 
@@ -698,16 +696,10 @@ def invalidate_cache() -> None:
 _trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
 
 
-def _executor() -> Executor:
-    """Lazy when lazy mode is on and no JAX trace is active; eager otherwise (which, under a
-    trace, calls lowerings directly into it)."""
-    return LAZY if _LAZY_ON[0] and _trace_clean() and not _CHECKS[0] else EAGER
-
-
 def dispatch(func, args, kwargs):
     """Run the ATen op `func` on `args`/`kwargs` (which hold `JaxTensor`s) with JAX.
 
-    The op's runner (built once, `_runner`) gets the executor chosen for this call.
+    The op's runner (built once, `_runner`) gets the executor chosen for this call (`executor()`).
 
     **Example:**
         ```python
@@ -720,14 +712,14 @@ def dispatch(func, args, kwargs):
     try:
         if tracing._published:  # a backward under jax tracing: this may be torch's autograd thread
             with tracing.adopted():
-                out = r(_executor(), args, kwargs)
+                out = r(executor(), args, kwargs)
                 if not _grad_enabled() and not _trace_clean():
                     _outside_graph(out, args)
                 return out
-        if _LAZY_ON[0] and _trace_clean() and not _CHECKS[0]:  # (checked mode runs ops eagerly)
-            with lazy.STATE_LOCK:  # the pending graph and tensors' views are shared by all threads
-                return r(LAZY, args, kwargs)
-        out = r(EAGER, args, kwargs)
+        ex = executor()
+        if ex.pending:  # (lazy: outside a JAX trace, so nothing to detach below)
+            return ex.run(r, args, kwargs)
+        out = r(ex, args, kwargs)
         if not _grad_enabled() and not _trace_clean():  # no_grad under a JAX trace: JAX must not differentiate
             _outside_graph(out, args)
         return out
@@ -776,7 +768,7 @@ def _to_copy(ex, args, kwargs):
         a = src
     if dtype is not None and src is not None:
         jd = to_jax_dtype(dtype)
-        a = lazy.apply(("astype", jd), lambda v: v.astype(jd), a) if type(a) is _Lazy else a.astype(jd)
+        a = executor(a).apply(("astype", jd), lambda v: v.astype(jd), a)
     if device is not None:
         d = jax_device_of(device)
         if d is not None and not isinstance(a, _Tracer) and not (type(a) is _Lazy and jax.local_device_count() == 1):
@@ -840,7 +832,7 @@ def _resized(a, size):
 
 def _resized_any(a, size: tuple):
     """`_resized`, recorded when `a` is pending."""
-    return lazy.apply(("resize", size), lambda v: _resized(v, size), a) if type(a) is _Lazy else _resized(a, size)
+    return executor(a).apply(("resize", size), lambda v: _resized(v, size), a)
 
 
 def _resize_(ex, args, kwargs):
@@ -923,10 +915,7 @@ def _mode_dispatch(func, types, args, kwargs):
             func, args, kwargs = like
         return _place(dispatch(func, args, kwargs), kwargs.get("device"))
     if _tensor.write_checks and _mutated_args(func):  # a compiled trace: CPU writes are checked too
-        for i, name, kw_only in _mutated_args(func):
-            t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
-            if isinstance(t, torch.Tensor):
-                _tensor._check_write(t)
+        writes.check_writes(args, kwargs, _mutated_args(func))
     return func(*args, **kwargs)
 
 
@@ -1045,9 +1034,7 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
     dtype = dtype or torch.get_default_dtype()
     size = tuple(size)
     jd = scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)
-    if _LAZY_ON[0] and _jax_core.trace_state_clean():  # recorded, not dispatched (see lazy.nullary)
-        return labelled(lazy.nullary(("empty", size, jd), lambda: jnp.zeros(size, jd)), dtype)
-    return labelled(jnp.zeros(size, jd), dtype)
+    return labelled(executor().nullary(("empty", size, jd), lambda: jnp.zeros(size, jd)), dtype)  # (lazy: recorded)
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):

@@ -45,7 +45,8 @@ from torch.autograd.function import once_differentiable
 from torch.utils import _pytree as pytree
 
 from ..core import _lazy, _random, _tracing
-from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, was_written, write, write_checks
+from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, was_written, write
+from . import _writes
 
 FALLBACK = object()  # what `checkpoint` returns when torch's own checkpoint must run instead
 _TENSOR = object()  # marks where a tensor goes among a region's output leaves
@@ -74,7 +75,7 @@ class _Writes:
 
     def made_here(self, data) -> bool:
         """Whether `data` is a value of the region's own trace."""
-        return isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is self.trace
+        return _writes.made_in(data, self.trace)
 
     def __call__(self, t: JaxTensor) -> None:
         if not isinstance(t, JaxTensor) or threading.get_ident() != self.thread:
@@ -203,14 +204,12 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
             leaves[i] = x
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         writes = _Writes(trace)
-        write_checks.append(writes)
         regions = _hooks.__dict__.setdefault("regions", [])
         regions.append(False)
         try:
-            with _random.key_scope(key) as cell:
+            with _writes.checking(writes), _random.key_scope(key) as cell:
                 out = function(*args, **kwargs)
         finally:
-            write_checks.remove(writes)
             written = writes.take()
             hooked = regions.pop()
         out_leaves, info["out_spec"] = pytree.tree_flatten(out)

@@ -24,6 +24,11 @@ once at trace time and then silently skipped):
 Outside the jax-by-default environment (`enable_globally`, `x.to("jax")`) nothing here runs:
 CPU writes are ordinary torch.
 
+3. **writes inside a traced region**: `jaxtorch.compile`'s trace, a checkpointed region
+   (`_remat`) and a control-flow body (`_control_flow`) install their checks with `checking`
+   (the one owner of `_tensor.write_checks`) and ask `made_in` whether a tensor's data is the
+   trace's own.
+
 Example:
     ```python
     count = torch.zeros(())
@@ -37,7 +42,7 @@ import contextlib
 import sys
 import threading
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -286,13 +291,76 @@ def read_only(tensors: Mapping[str, torch.Tensor], owner: str) -> Iterator[None]
     with _guard:
         _active[0] += 1
         if _active[0] == 1:
-            _tensor.write_checks.append(_refuse_read_only_write)
+            _install(_refuse_read_only_write)
     try:
         yield
     finally:
         with _guard:
             _active[0] -= 1
             if _active[0] == 0:
-                _tensor.write_checks.remove(_refuse_read_only_write)
+                _uninstall(_refuse_read_only_write)
         for k in added:
             del marks[k]
+
+
+# ---- 3. writes inside a traced region -----------------------------------------------------------
+# `jaxtorch.compile`'s trace refuses writes to tensors that are not program state; a checkpointed
+# region (`_remat`) records the tensors from outside it that it writes; a control-flow body
+# (`_control_flow`) refuses them. Each installs its check with `checking`, and each asks `made_in`
+# whether a tensor's data belongs to the trace: the one rule of what a traced region made.
+WriteCheck = Callable[[JaxTensor], None]
+
+
+def _install(check: WriteCheck) -> None:
+    _tensor.write_checks.append(check)
+
+
+def _uninstall(check: WriteCheck) -> None:
+    _tensor.write_checks.remove(check)
+
+
+@contextlib.contextmanager
+def checking(check: WriteCheck) -> Iterator[None]:
+    """Run `check(t)` before every write to a tensor `t` (an in-place op, `t.data = v`, a
+    metadata write) while the block runs, in every thread: `check` raises to refuse the write
+    or records it. The one way a write check is installed (`read_only` too).
+
+    **Arguments:** `check`: a function of the tensor about to be written.
+
+    **Returns:** a context manager.
+
+    **Example:**
+        ```python
+        with checking(lambda t: print("write to", tuple(t.shape))):
+            x.add_(1)
+        ```
+    """
+    _install(check)
+    try:
+        yield
+    finally:
+        _uninstall(check)
+
+
+def check_writes(args: Any, kwargs: Any, mutated: Any) -> None:
+    """Run the installed checks on the tensors an op writes (`mutated`: its route's
+    `(index, name, keyword-only)` of each written argument), plain torch tensors included.
+
+    **Example:** `check_writes((cpu_t, 1), {}, route(aten.add_.Tensor).mutated)`.
+    """
+    for i, name, kw_only in mutated:
+        t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
+        if isinstance(t, torch.Tensor):
+            _tensor._check_write(t)  # type: ignore[arg-type]  # (compile's check takes any tensor)
+
+
+def made_in(data: Any, trace: Any = None) -> bool:
+    """Whether `data` (a root's array) is a value of the JAX trace `trace`: made inside the traced
+    region, or given to it as an input. With `trace=None`, a value of any trace (a tensor holding
+    a concrete array was made outside every trace).
+
+    **Example:** `made_in(root_data(t), _jax_core.trace_ctx.trace)`.
+    """
+    if not isinstance(data, jax.core.Tracer):
+        return False
+    return trace is None or getattr(data, "_trace", None) is trace

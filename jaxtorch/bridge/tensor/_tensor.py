@@ -32,6 +32,7 @@ import torch
 from ..core import _lazy
 from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
+from ..core._executor import executor
 from . import _serialization
 from ._device import JAX_DEVICE, engine_entry
 
@@ -377,6 +378,7 @@ def _identity(a):
 
 # Checks run before a write lands in a tensor (`jaxtorch.compile` refuses, while it traces,
 # writes to tensors that are not program state). Empty outside a trace: one list test.
+# Installed only through `dispatch/_writes.checking`, which owns the write rules.
 write_checks: list[Callable[[JaxTensor], None]] = []
 
 
@@ -413,8 +415,8 @@ def write(t: JaxTensor, value) -> None:
     """Replace the data of `t` with `value` (cast and broadcast to `t`), updating aliases.
 
     One path for every value: a cast, broadcast or scatter into the root runs now on
-    arrays and tracers, and is recorded (`_lazy.apply`) when the value or the root is
-    pending (lazy mode).
+    arrays and tracers, and is recorded when the value or the root is pending (lazy mode:
+    the executor `_executor.executor` picks for them).
 
     **Example:**
         ```python
@@ -428,7 +430,7 @@ def write(t: JaxTensor, value) -> None:
     if _TORCH_DTYPE.get(value.dtype) is not t.dtype or value.shape != t.shape:  # (else: nothing to fit)
         dtype, shape = to_jax_dtype(t.dtype), tuple(t.shape)
         if value.dtype != dtype or value.shape != shape:
-            value = _lazy.apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
+            value = executor(value).apply(("write_cast", dtype, shape), lambda v: _fit(v, dtype, shape), value)
     root = t._jt_base
     if root is None:
         if _untracked(t, value, t._jt_elem):
@@ -454,7 +456,9 @@ def write(t: JaxTensor, value) -> None:
             old, value = _lazy.force_tree([old, value], "write through a view (not recordable)")
             new_root = scatter_view(old, fn, value)
         else:
-            new_root = _lazy.apply(("scatter_view", key), lambda r, v: scatter_view(r, fn, v), old, value)
+            new_root = executor(old, value).apply(
+                ("scatter_view", key), lambda r, v: scatter_view(r, fn, v), old, value
+            )
     if untracked:
         new_root = keep_tangent(new_root, old)  # a write torch does not record: the root keeps its derivative
     root._jt_elem = new_root
