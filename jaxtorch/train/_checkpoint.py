@@ -49,7 +49,18 @@ _NAMED_DTYPES = {str(d): d for d in _VIEWED}
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read (missing, truncated, corrupted, not a checkpoint)."""
+    """A checkpoint file that cannot be read (missing, truncated, corrupted, not a checkpoint).
+
+    **Example:**
+        ```python
+        import os, tempfile
+
+        try:
+            jaxtorch.load_checkpoint(os.path.join(tempfile.mkdtemp(), "missing.ckpt"))
+        except jaxtorch.train.CheckpointError as err:
+            caught = err   # the way out: the path of a file `save_checkpoint` wrote
+        ```
+    """
 
 
 # ---- tree <-> JSON ---------------------------------------------------------------------

@@ -82,6 +82,19 @@ class CheckpointKeysError(CheckpointError, KeyError):
 
     Attributes: `missing` (model names the file lacks), `unexpected` (file names the model
     lacks), `mismatched` (`{name: (file shape, model shape)}`).
+
+    **Example:**
+        ```python
+        import os, tempfile
+        from safetensors.torch import save_file
+
+        path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        save_file({"weight": torch.ones(1, 3)}, path)                 # no "bias"
+        try:
+            jaxtorch.load_params(torch.nn.Linear(3, 1), path)
+        except jaxtorch.train.CheckpointKeysError as err:
+            caught = err   # err.missing == ["bias"]; or load_params(..., strict=False)
+        ```
     """
 
     def __init__(

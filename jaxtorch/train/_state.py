@@ -47,7 +47,22 @@ Trainable = None | str | Iterable[str] | Callable[[str, jax.Array], bool]
 
 class DonatedStateError(JaxtorchError):
     """A `TrainState` (or arrays of one) that an earlier step consumed: `make_train_step` donates
-    the state it is given by default, so its memory now holds the next state."""
+    the state it is given by default, so its memory now holds the next state.
+
+    **Example:**
+        ```python
+        import optax
+
+        model = torch.nn.Linear(3, 1)
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.sgd(0.1))
+        state = init()
+        new_state, loss = step(state, jnp.ones((4, 3)), jnp.ones((4, 1)))
+        try:
+            step(state, jnp.ones((4, 3)), jnp.ones((4, 1)))      # `state` was donated to the first step
+        except jaxtorch.train.DonatedStateError as err:
+            caught = err   # the way out: pass the state the last step returned (or donate=False)
+        ```
+    """
 
 
 def check_not_donated(tree: Any, where: str, cause: BaseException | None = None) -> None:

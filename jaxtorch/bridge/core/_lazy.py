@@ -692,9 +692,14 @@ def sync(reason: str | None = None) -> None:
     **Arguments:**
     - `reason`: None for a planned step; otherwise why (counted as unplanned).
 
+    **Returns:** None; the pending values are computed (asynchronously, as JAX dispatches).
+
     **Example:**
         ```python
-        loss.backward(); opt.step(); jaxtorch.sync()
+        with jaxtorch.lazy():
+            t = torch.ones(3, device="jax") * 2   # recorded, not run
+            jaxtorch.sync()                        # run now, as one program
+            assert t.cpu().tolist() == [2.0, 2.0, 2.0]
         ```
     """
     with _lock:
@@ -778,12 +783,17 @@ def lazy(max_graph_ops: int | None = None):
     - `max_graph_ops`: execute (with a `LazyGraphWarning`) when this many ops are pending
       (default 100000, or `JAXTORCH_LAZY_MAX_OPS`).
 
+    **Returns:** a context manager; at its end what is pending runs (as `sync()`).
+
     **Example:**
         ```python
+        model = torch.nn.Linear(4, 1).to("jax")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.ones(8, 4, device="jax"), torch.zeros(8, 1, device="jax")
         with jaxtorch.lazy():
-            for x, y in batches:
-                opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
-                jaxtorch.xla.mark_step()
+            for _ in range(3):
+                opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+                jaxtorch.xla.mark_step()   # one cached XLA program per step
         ```
     """
     with _lock:  # (threads entering and leaving in any order: on while any block is open)

@@ -260,7 +260,17 @@ def aliases(module: torch.nn.Module) -> dict[str, str]:
 class ParamsError(JaxtorchError, ValueError):
     """The `params` (or `state`) given to a function from `jaxtorch.extract` (or to `load_into`)
     do not fit the module: a name missing, extra, tied to another, in the wrong dict, or a value
-    that is not an array of the right shape. The message names each entry and the way out."""
+    that is not an array of the right shape. The message names each entry and the way out.
+
+    **Example:**
+        ```python
+        params, fn = jaxtorch.extract(torch.nn.Linear(2, 2))
+        try:
+            fn({"weight": params["weight"]}, jnp.ones(2))      # "bias" missing
+        except jaxtorch.ParamsError as err:
+            caught = err   # the way out: exactly the names extract gave
+        ```
+    """
 
 
 Spec = dict[str, tuple[tuple[int, ...], Any]]
