@@ -786,8 +786,14 @@ def load_params(
 
     **Example:**
         ```python
-        rules = [(r"mlp\\.up_proj\\.weight$", P("model"))]
-        params, state = jaxtorch.load_params(model, "ckpt/", mesh=mesh, rules=rules)
+        import os, tempfile
+        from safetensors.torch import save_file
+
+        path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        save_file(torch.nn.Linear(3, 2).state_dict(), path)
+        model = torch.nn.Linear(3, 2)
+        params, state = jaxtorch.load_params(model, path)      # or mesh=, rules=: placed as they load
+        jaxtorch.load_into(model, params, state)
         ```
     """
     entries = checkpoint_entries(path)

@@ -208,9 +208,9 @@ class GeneratorUnderTraceError(JaxtorchError):
     **Example:**
         ```python
         g = torch.Generator().manual_seed(0)
+        noisy = lambda t: t + torch.rand(3, generator=g, device="jax")
         try:
-            noisy = lambda t: t + torch.rand(3, generator=g, device="jax")
-        jax.jit(lambda a: jaxtorch.call_torch(noisy, a))(jnp.ones(3))
+            jax.jit(lambda a: jaxtorch.call_torch(noisy, a))(jnp.ones(3))
         except jaxtorch.GeneratorUnderTraceError as err:
             caught = err   # the way out: drop `generator=` and pass `rng=` (a JAX key)
         ```

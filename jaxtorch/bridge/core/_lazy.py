@@ -126,6 +126,7 @@ class LazyArray:
 class LazyMetrics:
     """Counters of the lazy mode since the last `clear_metrics()`.
 
+    **Arguments:**
     - `compiles`: programs traced and compiled (a new graph structure);
     - `cache_hits`: executions whose structure had been compiled before;
     - `executions`: programs run (planned or not);
@@ -139,6 +140,19 @@ class LazyMetrics:
     - `floats_made_inputs`: Python-float sites that changed value and so became program
       inputs (the others are baked in as constants; each change compiles once);
     - `float_inputs`: Python floats passed as inputs to the last executed program.
+
+    **Returns:** the counters; made by `jaxtorch.xla.metrics()`, not by hand.
+
+    **Example:**
+        ```python
+        jaxtorch.xla.clear_metrics()
+        with jaxtorch.lazy():
+            for _ in range(3):
+                t = torch.ones(4, device="jax") * 2
+                jaxtorch.xla.mark_step()
+        m = jaxtorch.xla.metrics()
+        assert isinstance(m, jaxtorch.xla.LazyMetrics) and m.compiles == 1 and m.cache_hits == 2
+        ```
     """
 
     compiles: int = 0
@@ -163,9 +177,17 @@ _HISTORY = 1000
 def metrics() -> LazyMetrics:
     """A snapshot of the lazy-mode counters (see `LazyMetrics`).
 
+    **Arguments:**
+    None.
+
+    **Returns:** a `LazyMetrics` (a copy: later work does not change it).
+
     **Example:**
         ```python
-        m = jaxtorch.xla.metrics(); assert m.compiles <= 2
+        with jaxtorch.lazy():
+            t = torch.ones(2, device="jax") + 1
+        m = jaxtorch.xla.metrics()
+        assert m.executions >= 1
         ```
     """
     with _lock:
@@ -179,14 +201,37 @@ def metrics() -> LazyMetrics:
 
 
 def clear_metrics() -> None:
-    """Reset every counter (compiled programs stay cached)."""
+    """Reset every counter (compiled programs stay cached).
+
+    **Arguments:**
+    None.
+
+    **Returns:** None.
+
+    **Example:**
+        ```python
+        jaxtorch.xla.clear_metrics()
+        assert jaxtorch.xla.metrics().executions == 0
+        ```
+    """
     global _M
     with _lock:
         _M = LazyMetrics()
 
 
 def metrics_report() -> str:
-    """A short human-readable report of `metrics()`, like torch_xla's `metrics_report()`."""
+    """A short human-readable report of `metrics()`, like torch_xla's `metrics_report()`.
+
+    **Arguments:**
+    None.
+
+    **Returns:** a multi-line str.
+
+    **Example:**
+        ```python
+        print(jaxtorch.xla.metrics_report())
+        ```
+    """
     m = metrics()
     steps = m.ops_recorded[-5:]
     lines = [
