@@ -110,6 +110,7 @@ def _examples(doc: str) -> list[str]:
 
 
 def _is_error(obj: object) -> bool:
+    """An exception or warning class: its Example must leave the instance it caught in `caught`."""
     return isinstance(obj, type) and issubclass(obj, BaseException)
 
 
@@ -119,8 +120,8 @@ def test_every_public_name_has_arguments_returns_and_an_example():
     missing = {}
     for name, obj in public_names().items():
         doc = _doc(obj)
-        # a module's docstring introduces it and gives an example; an error class says when it is raised
-        # (its Arguments/Returns would be the exception's own); a class gives its constructor's arguments
+        # a module's docstring introduces it and gives an example; an error (or warning) class says when it is
+        # raised and the way out, its Example catching it; a class gives its constructor's arguments
         wanted = ("**Example:**",) if isinstance(obj, types.ModuleType) or _is_error(obj) else SECTIONS
         lacking = [s for s in wanted if s not in doc]
         if not lacking and not _examples(doc):

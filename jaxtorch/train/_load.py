@@ -679,6 +679,20 @@ class CheckpointKeysWarning(UserWarning):
 
     Attributes: `missing` (model names the file lacks: they keep the module's values) and
     `unexpected` (file names the model does not use).
+
+    **Example:**
+        ```python
+        import os, tempfile, warnings
+        from safetensors.torch import save_file
+
+        path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        save_file({"weight": torch.ones(1, 3)}, path)                      # no "bias"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            jaxtorch.load_params(torch.nn.Linear(3, 1), path, strict=False)   # "bias" keeps the module's value
+        caught = next(w.message for w in seen if isinstance(w.message, jaxtorch.train.CheckpointKeysWarning))
+        assert caught.missing == ["bias"]
+        ```
     """
 
     def __init__(self, path: str, missing: list[str], unexpected: list[str]):

@@ -75,7 +75,21 @@ STATE_LOCK = _lock
 
 
 class LazyGraphWarning(UserWarning):
-    """The pending graph grew past its limit and was executed (call `mark_step` in the loop)."""
+    """The pending graph grew past its limit and was executed (call `mark_step` in the loop).
+
+    **Example:**
+        ```python
+        import warnings
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with jaxtorch.lazy(max_graph_ops=10):
+                t = torch.zeros(3, device="jax")
+                for _ in range(30):          # no mark_step in the loop
+                    t = t + 1
+        caught = next(w.message for w in seen if isinstance(w.message, jaxtorch.xla.LazyGraphWarning))
+        ```
+    """
 
 
 # ---- the graph ------------------------------------------------------------------------
