@@ -12,16 +12,16 @@ The recipe, written out so you can adapt it (sampling, other stop rules, batchin
    every sequence has ended. `jax.jit` compiles prefill and the whole decode loop into one
    program per (prompt shape, number of new tokens).
 
-Example:
+**Example:**
     ```python
-    import jaxtorch, torch, transformers
+    import transformers
 
-    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                                      vocab_size=256, num_attention_heads=4)
+    config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                                      vocab_size=32, num_attention_heads=2)
     model = transformers.LlamaForCausalLM(config).eval()  # eval: no dropout, as generate
-    input_ids = torch.randint(3, 256, (2, 8))
-    decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=128)
-    tokens = decode(input_ids, max_new_tokens=32)  # jax.Array (2, <= 32): generate's greedy tokens
+    input_ids = torch.randint(3, 32, (2, 5))
+    decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=16)
+    tokens = decode(input_ids, max_new_tokens=4)  # jax.Array (2, <= 4): generate's greedy tokens
     ```
 The torch-first alternatives: `model.forward = jaxtorch.compile(model.forward)` and then
 `model.generate(ids, do_sample=False, cache_implementation="static")` (one compilation
@@ -58,10 +58,13 @@ def static_cache(model: torch.nn.Module, *, batch_size: int, max_cache_len: int)
 
     **Example:**
         ```python
-        import jax, jax.numpy as jnp, jaxtorch
+        import transformers
 
-        params, fn = jaxtorch.extract(model)  # model: a Hugging Face causal LM in eval mode
-        cache = jaxtorch.generation.static_cache(model, batch_size=1, max_cache_len=64)
+        config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                                          vocab_size=32, num_attention_heads=2)
+        model = transformers.LlamaForCausalLM(config).eval()  # eval: no dropout, as generate
+        params, fn = jaxtorch.extract(model)
+        cache = jaxtorch.generation.static_cache(model, batch_size=1, max_cache_len=8)
         out = jax.jit(fn)(params, jnp.array([[5, 6, 7]]), cache=cache)  # out.cache: the filled cache
         ```
     """
@@ -119,8 +122,13 @@ def stop_tokens(
 
     **Example:**
         ```python
-        eos, pad = jaxtorch.generation.stop_tokens(model)  # ((2,), 2) for a LlamaConfig's defaults
-        eos, pad = jaxtorch.generation.stop_tokens(model, eos_token_id=None)  # ((), None): nothing ends
+        import transformers
+
+        config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                                          vocab_size=32, num_attention_heads=2)
+        model = transformers.LlamaForCausalLM(config).eval()  # eval: no dropout, as generate
+        assert jaxtorch.generation.stop_tokens(model) == ((2,), 2)     # a LlamaConfig's defaults
+        assert jaxtorch.generation.stop_tokens(model, eos_token_id=None) == ((), None)   # nothing ends
         ```
     """
     config: Any = getattr(model, "generation_config", None)

@@ -9,16 +9,20 @@ devices (SPMD), so "ordinal" and "world size" count processes (`jax.process_inde
 `jax.process_count()`), not devices; gradients computed on sharded data are already
 global, so `optimizer_step` needs no all-reduce.
 
-Example:
+**Example:**
     ```python
     import jaxtorch.xla as xm
-    device = xm.xla_device()
-    model = xm.send_to_device(model)                   # bfloat16 if JAXTORCH_USE_BF16=1
+
+    device = xm.xla_device()                           # lazy mode on
+    model = xm.send_to_device(torch.nn.Linear(4, 1))   # bfloat16 if JAXTORCH_USE_BF16=1
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = [(torch.ones(8, 4), torch.zeros(8, 1)) for _ in range(2)]
     for x, y in xm.ParallelLoader(train_loader):       # batches sharded over all devices
-        loss = loss_fn(model(x), y); loss.backward()
+        loss = torch.nn.functional.mse_loss(model(x), y); loss.backward()
         xm.optimizer_step(opt); opt.zero_grad()
         xm.mark_step()                                 # (ParallelLoader also calls it)
     xm.master_print("done"); print(xm.metrics_report())
+    jaxtorch.disable_globally()                        # lazy mode off again
     ```
 """
 
@@ -46,6 +50,23 @@ def xla_device(n: int | None = None, *, lazy: bool = True) -> torch.device:
     Like torch_xla's device it is lazy: this turns lazy mode on (`lazy=False` leaves the
     mode as it is; `jaxtorch.disable_globally()` or `jaxtorch.bridge.core._lazy.set_enabled(False)`
     turns it off).
+
+    **Arguments:**
+    - `n`: a device index (`jax.devices()[n]`), or None: the `jax` device (all local devices).
+    - `lazy`: turn lazy mode on (default, as torch_xla's device is lazy).
+
+    **Returns:** a `torch.device` (`jax` or `jax:n`).
+
+    **Example:**
+        ```python
+        import jaxtorch.xla as xm
+
+        device = xm.xla_device()                   # lazy mode on
+        t = torch.ones(2, device=device) * 3       # recorded
+        xm.mark_step()                             # run as one program
+        assert t.cpu().tolist() == [3.0, 3.0]
+        jaxtorch.disable_globally()                 # lazy mode off again
+        ```
     """
     if lazy:
         _lazy.set_enabled(True)
@@ -53,33 +74,102 @@ def xla_device(n: int | None = None, *, lazy: bool = True) -> torch.device:
 
 
 def is_xla_tensor(t: Any) -> bool:
-    """Whether `t` is a torch tensor on the `jax` device."""
+    """Whether `t` is a torch tensor on the `jax` device.
+
+    **Arguments:**
+    - `t`: any value.
+
+    **Returns:** a bool.
+
+    **Example:**
+        ```python
+        assert jaxtorch.xla.is_xla_tensor(torch.ones(1, device="jax")) and not jaxtorch.xla.is_xla_tensor(torch.ones(1))
+        ```
+    """
     return isinstance(t, JaxTensor) or (isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE)
 
 
 def get_ordinal() -> int:
-    """This process's index among the processes of the run (`jax.process_index()`)."""
+    """This process's index among the processes of the run (`jax.process_index()`).
+
+    **Arguments:**
+    None.
+
+    **Returns:** an int, 0 in a single-process run.
+
+    **Example:**
+        ```python
+        assert jaxtorch.xla.get_ordinal() == jax.process_index()
+        ```
+    """
     return jax.process_index()
 
 
 def world_size() -> int:
-    """How many processes take part (`jax.process_count()`); each drives its local devices."""
+    """How many processes take part (`jax.process_count()`); each drives its local devices.
+
+    **Arguments:**
+    None.
+
+    **Returns:** an int, 1 in a single-process run.
+
+    **Example:**
+        ```python
+        assert jaxtorch.xla.world_size() == jax.process_count()
+        ```
+    """
     return jax.process_count()
 
 
 def is_master_ordinal() -> bool:
-    """Whether this is process 0."""
+    """Whether this is process 0.
+
+    **Arguments:**
+    None.
+
+    **Returns:** a bool: `get_ordinal() == 0`.
+
+    **Example:**
+        ```python
+        if jaxtorch.xla.is_master_ordinal():
+            print("process 0 writes the checkpoint")
+        ```
+    """
     return jax.process_index() == 0
 
 
 def master_print(*args: Any, **kwargs: Any) -> None:
-    """`print`, on process 0 only."""
+    """`print`, on process 0 only.
+
+    **Arguments:**
+    - `args`, `kwargs`: what `print` takes.
+
+    **Returns:** None.
+
+    **Example:**
+        ```python
+        jaxtorch.xla.master_print("loss", 0.25)      # printed once, by process 0
+        ```
+    """
     if is_master_ordinal():
         print(*args, **kwargs)
 
 
 def use_bf16() -> bool:
-    """Whether the `JAXTORCH_USE_BF16` switch is on (like torch_xla's `XLA_USE_BF16`)."""
+    """Whether the `JAXTORCH_USE_BF16` switch is on (like torch_xla's `XLA_USE_BF16`).
+
+    **Arguments:**
+    None (reads the environment variable `JAXTORCH_USE_BF16`).
+
+    **Returns:** True when `JAXTORCH_USE_BF16` is set to a true value (`1`).
+
+    **Example:**
+        ```python
+        import os
+
+        assert jaxtorch.xla.use_bf16() == (os.environ.get("JAXTORCH_USE_BF16", "0") not in ("", "0"))
+        ```
+    """
     return os.environ.get(BF16_ENV, "0").lower() not in ("", "0", "false", "no", "off")
 
 
@@ -88,6 +178,19 @@ def send_to_device(obj: Any, device: torch.device | str | None = None) -> Any:
 
     With `JAXTORCH_USE_BF16=1`, float32 parameters and tensors become bfloat16 on the way
     (the model then computes in bfloat16, as torch_xla does with `XLA_USE_BF16=1`).
+
+    **Arguments:**
+    - `obj`: a `torch.nn.Module`, a tensor, or a nested structure (lists, tuples, dicts) of tensors.
+    - `device`: the target (default: the `jax` device).
+
+    **Returns:** `obj` on the device (a module is moved in place and returned).
+
+    **Example:**
+        ```python
+        model = jaxtorch.xla.send_to_device(torch.nn.Linear(2, 2))
+        batch = jaxtorch.xla.send_to_device({"x": torch.ones(3, 2)})
+        assert model.weight.device.type == "jax" and batch["x"].device.type == "jax"
+        ```
     """
     device = xla_device() if device is None else torch.device(device)
     dtype = torch.bfloat16 if use_bf16() else None
@@ -114,6 +217,16 @@ def mark_step(wait: bool = False) -> None:
 
     **Arguments:**
     - `wait`: block until the program has finished.
+
+    **Returns:** None.
+
+    **Example:**
+        ```python
+        with jaxtorch.lazy():
+            t = torch.ones(3, device="jax").cumsum(0)   # recorded, not run
+            jaxtorch.xla.mark_step(wait=True)            # run (and wait for it)
+        assert t.cpu().tolist() == [1.0, 2.0, 3.0]
+        ```
     """
     _lazy.sync()
     if wait:
@@ -121,7 +234,19 @@ def mark_step(wait: bool = False) -> None:
 
 
 def wait_device_ops() -> None:
-    """Block until queued device work is finished."""
+    """Block until queued device work is finished.
+
+    **Arguments:**
+    None.
+
+    **Returns:** None, once the device is idle.
+
+    **Example:**
+        ```python
+        t = torch.ones(1000, device="jax") @ torch.ones(1000, device="jax")
+        jaxtorch.xla.wait_device_ops()               # e.g. before reading a timer
+        ```
+    """
     jax.effects_barrier()
 
 
@@ -131,6 +256,21 @@ def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, opti
     Under SPMD a gradient computed from a sharded batch is already the global gradient,
     so no cross-replica reduction is needed; `barrier=True` calls `mark_step` and waits
     (as torch_xla's does).
+
+    **Arguments:**
+    - `optimizer`: a torch optimizer.
+    - `barrier`: also `mark_step(wait=True)` after the step.
+    - `optimizer_args`: keyword arguments for `optimizer.step`.
+
+    **Returns:** what `optimizer.step` returns (the loss, with a closure).
+
+    **Example:**
+        ```python
+        model = torch.nn.Linear(2, 1).to("jax")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(4, 2, device="jax")).sum().backward()
+        jaxtorch.xla.optimizer_step(opt)
+        ```
     """
     out = optimizer.step(**(optimizer_args or {}))
     if barrier:
@@ -151,10 +291,14 @@ class ParallelLoader(DeviceLoader):
       asynchronous, there is no host queue or thread to size), `batchdim` (0 only) and
       `input_sharding` (None only: give `mesh`/`axis`); others raise `TypeError`.
 
+    **Returns:** an iterable of batches of `jax`-device tensors (`per_device_loader(device)` returns the loader
+    itself, as torch_xla's).
+
     **Example:**
         ```python
-        for x, y in ParallelLoader(loader):       # torch_xla: pl.MpDeviceLoader(loader, device)
-            ...
+        batches = [(torch.ones(8, 3), torch.zeros(8)) for _ in range(2)]   # e.g. a torch DataLoader
+        for x, y in jaxtorch.xla.ParallelLoader(batches):                  # torch_xla: pl.ParallelLoader(...)
+            assert x.device.type == "jax" and x.shape == (8, 3)
         ```
     """
 
@@ -220,11 +364,23 @@ class MpDeviceLoader(ParallelLoader):
     included: `batches_per_execution`, `loader_prefetch_size`, `device_prefetch_size`, ...).
     `len()` is the wrapped loader's.
 
+    **Arguments:**
+    - `loader`: a torch `DataLoader` (or any iterable of tensor batches).
+    - `device`: the `jax` device (all local devices) or `jax:n` (one).
+    - `kwargs`: the options of `ParallelLoader`.
+
+    **Returns:** an iterable of batches of `jax`-device tensors.
+
     **Example:**
         ```python
-        device = xm.xla_device()
-        for x, y in pl.MpDeviceLoader(train_loader, device):     # x, y: jax tensors
-            loss = loss_fn(model(x), y); loss.backward(); xm.optimizer_step(opt)
+        import jaxtorch.xla as xm
+
+        model = torch.nn.Linear(3, 1).to("jax")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = [(torch.ones(8, 3), torch.zeros(8, 1)) for _ in range(2)]
+        for x, y in xm.MpDeviceLoader(batches, xm.xla_device(lazy=False)):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            xm.optimizer_step(opt); opt.zero_grad()
         ```
     """
 

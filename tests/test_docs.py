@@ -64,3 +64,131 @@ def test_readme_links_point_into_the_site():
     assert hooks.readme_for_site(text, {"index.md"}) == (
         "[nb](notebooks/01_quickstart.py) t [gone](tests/no_such_file.py) [web](https://jax.dev) [home](index.md)"
     )
+
+
+# --- The public names' docstrings (issue 32, item 6) -------------------------------------------------------------
+
+SECTIONS = ("**Arguments:**", "**Returns:**", "**Example:**")
+# what every docstring Example may use without importing it
+PRELUDE = "import torch, jax, jax.numpy as jnp, jaxtorch\n"
+_COVERAGE = ["check", "how", "family", "op_name", "universe", "report", "Report", "main"]
+
+
+def public_names() -> dict[str, object]:
+    """Every public name, `jaxtorch.NAME` or `jaxtorch.MODULE.NAME`, -> its object (each object once)."""
+    import jaxtorch.coverage
+
+    found: dict[str, object] = {}
+    seen: set[int] = set()
+    groups = [("jaxtorch", jaxtorch, jaxtorch.__all__)]
+    groups += [
+        (f"jaxtorch.{m}", getattr(jaxtorch, m), getattr(jaxtorch, m).__all__) for m in ("train", "xla", "generation")
+    ]
+    groups.append(("jaxtorch.coverage", jaxtorch.coverage, _COVERAGE))
+    for prefix, module, names in groups:
+        for name in names:
+            obj = getattr(module, name)
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                found[f"{prefix}.{name}"] = obj
+    return found
+
+
+def _doc(obj: object) -> str:
+    import inspect
+    import types
+
+    return (obj.__doc__ or "") if isinstance(obj, types.ModuleType) else (inspect.getdoc(obj) or "")
+
+
+def _examples(doc: str) -> list[str]:
+    """The ```python blocks after a docstring's **Example:** heading, dedented."""
+    import textwrap
+
+    tail = doc.partition("**Example:**")[2]
+    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)\n[ \t]*```", tail, re.S)]
+
+
+def _is_error(obj: object) -> bool:
+    """An exception or warning class: its Example must leave the instance it caught in `caught`."""
+    return isinstance(obj, type) and issubclass(obj, BaseException)
+
+
+def test_every_public_name_has_arguments_returns_and_an_example():
+    import types
+
+    missing = {}
+    for name, obj in public_names().items():
+        doc = _doc(obj)
+        # a module's docstring introduces it and gives an example; an error (or warning) class says when it is
+        # raised and the way out, its Example catching it; a class gives its constructor's arguments
+        wanted = ("**Example:**",) if isinstance(obj, types.ModuleType) or _is_error(obj) else SECTIONS
+        lacking = [s for s in wanted if s not in doc]
+        if not lacking and not _examples(doc):
+            lacking = ["a ```python block under **Example:**"]
+        if lacking:
+            missing[name] = lacking
+    assert not missing, f"docstrings lacking sections: {missing}"
+
+
+def _documented_objects() -> set[int]:
+    """The objects a `::: jaxtorch...` block of docs/api renders (a module block: its members too)."""
+    import importlib
+
+    ids: set[int] = set()
+    for page in (ROOT / "docs" / "api").glob("*.md"):
+        text = page.read_text()
+        for path, options in re.findall(r"^::: (jaxtorch[\w.]*)\n((?:    .*\n?)*)", text, re.M):
+            module_name, _, attr = path.rpartition(".")
+            try:
+                obj = importlib.import_module(path)
+            except ImportError:
+                obj = getattr(importlib.import_module(module_name), attr)
+            ids.add(id(obj))
+            if isinstance(obj, type(jaxtorch)):
+                listed = re.search(r"members:\s*(\[.*?\]|false)", options)
+                members = getattr(obj, "__all__", []) if listed is None else re.findall(r"\w+", listed.group(1))
+                ids |= {id(getattr(obj, m)) for m in members if m != "false"}
+    return ids
+
+
+def test_every_public_name_is_rendered_by_a_docs_page():
+    documented = _documented_objects()
+    missing = sorted(name for name, obj in public_names().items() if id(obj) not in documented)
+    assert not missing, f"add a `::: NAME` block to a page of docs/api/ for: {missing}"
+
+
+_RUNNER = """
+import sys, traceback, json
+PRELUDE = {prelude!r}
+failures = []
+for name, is_error, code in json.load(open(sys.argv[1])):
+    ns = {{"__name__": "__doc_example__"}}
+    try:
+        exec(compile(PRELUDE + code, name, "exec"), ns)
+        if is_error and not isinstance(ns.get("caught"), eval(name, ns)):
+            raise AssertionError("an error class's example catches it as `caught`")
+    except BaseException:
+        failures.append(name + ":\\n" + traceback.format_exc(limit=-3))
+print("\\n".join(failures))
+sys.exit(1 if failures else 0)
+"""
+
+
+def test_docstring_examples_run(tmp_path):
+    import json
+
+    blocks = [(name, _is_error(obj), code) for name, obj in public_names().items() for code in _examples(_doc(obj))]
+    assert len(blocks) >= len(public_names())
+    (tmp_path / "examples.json").write_text(json.dumps(blocks))
+    (tmp_path / "run.py").write_text(_RUNNER.format(prelude=PRELUDE))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), str(tmp_path / "examples.json")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-8000:]

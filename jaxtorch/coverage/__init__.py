@@ -28,9 +28,11 @@ Command line:
     python -m jaxtorch.coverage --list-decomposed  # also list decomposition-only ops
     python -m jaxtorch.coverage --universe all
 
-Before running a model:
+**Example:** before running a model,
     ```python
-    problems = jaxtorch.coverage.check(model, example_input)   # [] when everything runs
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GELU(), torch.nn.Flatten())
+    problems = jaxtorch.coverage.check(model, torch.ones(1, 3, 8, 8))   # [] when everything runs
+    assert problems == []
     ```
 """
 
@@ -126,20 +128,50 @@ def _progress_shown(n: int) -> bool:
 
 # ---- classification (read from the routing table the interpreter builds from) -----------------
 def op_name(op: torch._ops.OpOverload) -> str:
-    """`"aten::add.Tensor"`, `"aten::zeros.default"`: the overload's full name."""
+    """`"aten::add.Tensor"`, `"aten::zeros.default"`: the overload's full name.
+
+    **Arguments:**
+    - `op`: an ATen (or custom) `OpOverload`.
+
+    **Returns:** a str.
+
+    **Example:**
+        ```python
+        assert jaxtorch.coverage.op_name(torch.ops.aten.add.Tensor) == "aten::add.Tensor"
+        ```
+    """
     return f"{op._schema.name}.{op._overloadname}"
 
 
 def how(op: torch._ops.OpOverload) -> str:
     """How jaxtorch runs `op`: `"lowered"`, `"decomposed"` or `"missing"` (from its route's kind).
 
-    **Example:** `how(torch.ops.aten.add_.Tensor)` is `"lowered"` (through `aten.add.Tensor`).
+    **Arguments:**
+    - `op`: an ATen (or custom) `OpOverload`.
+
+    **Returns:** `"lowered"`, `"decomposed"` or `"missing"`.
+
+    **Example:**
+        ```python
+        assert jaxtorch.coverage.how(torch.ops.aten.add_.Tensor) == "lowered"   # through aten.add.Tensor
+        ```
     """
     return _VERDICT[route(op).kind]
 
 
 def family(op: torch._ops.OpOverload) -> str:
-    """The `jaxtorch.ops` module that lowers `op` (`"bridge"` for the bridge's own ops, `""` if none)."""
+    """The `jaxtorch.ops` module that lowers `op` (`"bridge"` for the bridge's own ops, `""` if none).
+
+    **Arguments:**
+    - `op`: an ATen (or custom) `OpOverload`.
+
+    **Returns:** a str: the family's module name.
+
+    **Example:**
+        ```python
+        assert jaxtorch.coverage.family(torch.ops.aten.mm.default) == "linalg"
+        ```
+    """
     r = route(op)
     for cand in (op, r.sibling, r.element):
         if cand is None:
@@ -215,6 +247,12 @@ def universe(kind: str = "public") -> list[torch._ops.OpOverload]:
       backend-specific ones).
 
     **Returns:** the overloads, sorted by name.
+
+    **Example:**
+        ```python
+        ops = jaxtorch.coverage.universe("core")
+        assert torch.ops.aten.add.Tensor in ops
+        ```
     """
     ops: set = set()
     if kind == "public":
@@ -239,7 +277,21 @@ def universe(kind: str = "public") -> list[torch._ops.OpOverload]:
 
 @dataclasses.dataclass
 class Report:
-    """What `report` measured: per-family lowering counts and the universe's split."""
+    """What `report` measured: per-family lowering counts and the universe's split.
+
+    **Arguments:**
+    - `families`: lowering counts by `jaxtorch.ops` family.
+    - `universe`: the universe measured (`"public"`, `"core"`, `"all"`).
+    - `lowered`, `decomposed`, `missing`: the universe's overloads by how they run (full names).
+
+    **Returns:** the record; `.format(list_decomposed=False, list_missing=True)` prints it as the command line does.
+
+    **Example:**
+        ```python
+        rep = jaxtorch.coverage.report("core", progress=False)
+        assert isinstance(rep, jaxtorch.coverage.Report) and "aten::mm.default" in rep.lowered
+        ```
+    """
 
     families: dict[str, int]  # jaxtorch.ops module -> number of lowered overloads (all registered)
     universe: str
@@ -283,7 +335,20 @@ def _registered_overloads() -> Iterable[torch._ops.OpOverload]:
 
 
 def report(kind: str = "public", progress: bool = True) -> Report:
-    """Measure coverage over `universe(kind)`; see `Report.format` for the printed form."""
+    """Measure coverage over `universe(kind)`; see `Report.format` for the printed form.
+
+    **Arguments:**
+    - `kind`: the universe (`"public"`, `"core"` or `"all"`: see `universe`).
+    - `progress`: show a progress bar while ops are classified.
+
+    **Returns:** a `Report`.
+
+    **Example:**
+        ```python
+        rep = jaxtorch.coverage.report("core", progress=False)
+        print(rep.format(list_missing=False))
+        ```
+    """
     families: collections.Counter = collections.Counter()
     for op in set(_registered_overloads()):
         families[family(op) or "?"] += 1
@@ -473,6 +538,18 @@ def check(model, *example_args, backward: bool = False, jit: bool = False, **kwa
 
 # ---- command line -------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    """The command line, `python -m jaxtorch.coverage [--universe public|core|all] [--family NAME] ...`.
+
+    **Arguments:**
+    - `argv`: the arguments (default: `sys.argv[1:]`); `--help` lists them.
+
+    **Returns:** the exit status (0); the report is printed.
+
+    **Example:**
+        ```python
+        assert jaxtorch.coverage.main(["--family", "linalg"]) == 0   # the overloads jaxtorch.ops.linalg lowers
+        ```
+    """
     ap = argparse.ArgumentParser(
         prog="python -m jaxtorch.coverage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

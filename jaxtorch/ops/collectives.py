@@ -92,8 +92,21 @@ def collectives_axis(axis: str | tuple[str, ...], group=None) -> Iterator[None]:
 
     **Example:**
         ```python
-        with jaxtorch.collectives_axis("model", group=tp_group), jaxtorch.collectives_axis("data"):
-            out = jaxtorch.call_torch(tensor_parallel_step, x)  # inside jax.shard_map over both axes
+        import numpy as np
+        import torch.distributed as dist
+        from jax.sharding import PartitionSpec as P
+
+        if not dist.is_initialized():
+            dist.init_process_group("jax", rank=0, world_size=1, store=dist.HashStore())
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+
+        def summed(t):
+            dist.all_reduce(t)   # a psum over "data"
+            return t
+
+        with jaxtorch.collectives_axis("data"):
+            f = jax.shard_map(lambda x: jaxtorch.call_torch(summed, x), mesh=mesh, in_specs=P("data"), out_specs=P())
+            out = f(jnp.ones(4))
         ```
     """
     with _bindings((*_BOUND.get(), (None if group is None else group_name(group), _as_axes(axis)))):

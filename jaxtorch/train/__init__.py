@@ -1,12 +1,19 @@
 """Training torch modules with JAX: optax steps, sharding, checkpoints, and the way back to torch.
 
-```python
-init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.adam(1e-3))
-state = init()
-state, loss = step(state, x, y, key)
-jaxtorch.train.save_checkpoint(state, "ckpt.safetensors")
-jaxtorch.train.load_into(model, state)   # params and model_state (buffers, frozen weights)
-```
+**Example:**
+    ```python
+    import os, tempfile, optax
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))
+    loss_fn = lambda out, y: jnp.mean((out - y) ** 2)
+    init, step = jaxtorch.train.make_train_step(model, loss_fn, optax.adam(1e-3))
+    state = init()
+    x, y, key = jnp.ones((8, 4)), jnp.zeros((8, 1)), jax.random.key(0)
+    state, loss = step(state, x, y, key)   # the key: Dropout's randomness
+    path = os.path.join(tempfile.mkdtemp(), "ckpt.safetensors")
+    jaxtorch.train.save_checkpoint(state, path)
+    jaxtorch.train.load_into(model, state)   # params and model_state (buffers, frozen weights)
+    ```
 """
 
 from ..bridge.core._errors import ModuleReleasedError

@@ -220,7 +220,13 @@ def save_checkpoint(state: Any, path: str | os.PathLike) -> None:
 
     **Example:**
         ```python
-        jaxtorch.save_checkpoint({"params": params, "opt": opt_state, "epoch": 3}, "ckpt.safetensors")
+        import os, tempfile, optax
+
+        params = {"w": jnp.ones((2, 3))}
+        path = os.path.join(tempfile.mkdtemp(), "ckpt.safetensors")
+        jaxtorch.save_checkpoint({"params": params, "opt": optax.adam(1e-3).init(params), "epoch": 3}, path)
+        restored = jaxtorch.load_checkpoint(path)
+        assert restored["epoch"] == 3 and (restored["params"]["w"] == 1).all()
         ```
     """
     path = Path(path)
@@ -262,7 +268,12 @@ def load_checkpoint(path: str | os.PathLike, *, shardings: Any = None) -> Any:
 
     **Example:**
         ```python
-        state = jaxtorch.load_checkpoint("ckpt.safetensors", shardings=sharded_state)
+        import os, tempfile
+
+        path = os.path.join(tempfile.mkdtemp(), "ckpt.safetensors")
+        jaxtorch.save_checkpoint({"w": jnp.arange(4.0), "step": 7}, path)
+        state = jaxtorch.load_checkpoint(path)              # or shardings=: a pytree of shardings
+        assert state["step"] == 7 and state["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
         ```
     """
     path = Path(path)

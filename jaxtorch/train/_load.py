@@ -617,6 +617,20 @@ class CheckpointKeysWarning(UserWarning):
 
     Attributes: `missing` (model names the file lacks: they keep the module's values) and
     `unexpected` (file names the model does not use).
+
+    **Example:**
+        ```python
+        import os, tempfile, warnings
+        from safetensors.torch import save_file
+
+        path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        save_file({"weight": torch.ones(1, 3)}, path)                      # no "bias"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            jaxtorch.load_params(torch.nn.Linear(3, 1), path, strict=False)   # "bias" keeps the module's value
+        caught = next(w.message for w in seen if isinstance(w.message, jaxtorch.train.CheckpointKeysWarning))
+        assert caught.missing == ["bias"]
+        ```
     """
 
     def __init__(self, path: str, missing: list[str], unexpected: list[str]):
@@ -724,8 +738,14 @@ def load_params(
 
     **Example:**
         ```python
-        rules = [(r"mlp\\.up_proj\\.weight$", P("model"))]
-        params, state = jaxtorch.load_params(model, "ckpt/", mesh=mesh, rules=rules)
+        import os, tempfile
+        from safetensors.torch import save_file
+
+        path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        save_file(torch.nn.Linear(3, 2).state_dict(), path)
+        model = torch.nn.Linear(3, 2)
+        params, state = jaxtorch.load_params(model, path)      # or mesh=, rules=: placed as they load
+        jaxtorch.load_into(model, params, state)
         ```
     """
     entries = checkpoint_entries(path)

@@ -25,9 +25,19 @@ import jax.numpy as jnp
 class MixedPrecision:
     """A mixed-precision policy.
 
+    **Arguments:**
     - `compute_dtype`: the dtype of the forward/backward computation.
     - `output_dtype`: what model outputs are cast to before `loss_fn` (float32).
     - `loss_scale`: a static loss scale, or None (off).
+
+    **Returns:** the policy, for `make_train_step(..., mixed_precision=policy)` (`"bf16"` is `MixedPrecision()`);
+    its `cast_to_compute` / `cast_to_output` cast a pytree's floating leaves.
+
+    **Example:**
+        ```python
+        policy = jaxtorch.train.MixedPrecision(compute_dtype=jnp.bfloat16)
+        assert policy.cast_to_compute({"w": jnp.ones(2)})["w"].dtype == jnp.bfloat16
+        ```
     """
 
     compute_dtype: Any = jnp.bfloat16

@@ -56,7 +56,26 @@ def spec_for(name: str, rules: Rules) -> PartitionSpec:
 
 
 def shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
-    """A pytree of `NamedSharding`s, one per array leaf of `tree`, chosen by `rules`."""
+    """A pytree of `NamedSharding`s, one per array leaf of `tree`, chosen by `rules`.
+
+    **Arguments:**
+    - `tree`: a pytree of arrays (parameters, by torch name when a dict).
+    - `mesh`: the mesh.
+    - `rules`: `(regex, PartitionSpec)` pairs; the first regex matching a leaf's path gives its spec; other
+      leaves are replicated.
+
+    **Returns:** a pytree of `jax.sharding.NamedSharding`s with `tree`'s structure.
+
+    **Example:**
+        ```python
+        from jax.sharding import PartitionSpec as P
+
+        mesh = jaxtorch.train.data_mesh(axis="model")
+        params = {"fc.weight": jnp.ones((4, 2)), "fc.bias": jnp.ones(4)}
+        s = jaxtorch.train.shardings(params, mesh, [(r"weight$", P("model"))])
+        assert s["fc.weight"].spec == P("model") and s["fc.bias"].spec == P()
+        ```
+    """
     return jax.tree_util.tree_map_with_path(lambda p, x: NamedSharding(mesh, spec_for(path_name(p), rules)), tree)
 
 
@@ -74,7 +93,11 @@ def shard(tree: Any, mesh: Mesh, rules: Rules = ()) -> Any:
 
     **Example:**
         ```python
-        params = shard(params, mesh, [(r"mlp\\.c_fc\\.weight$", P("model", None))])
+        from jax.sharding import PartitionSpec as P
+
+        mesh = jaxtorch.train.data_mesh(axis="model")
+        params, fn = jaxtorch.extract(torch.nn.Linear(2, 4))
+        params = jaxtorch.train.shard(params, mesh, [(r"weight$", P("model", None))])   # rows split over "model"
         ```
     """
 
@@ -114,9 +137,18 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
     In a multi-process run each process passes its own part of the global batch (its
     local rows) and gets the global array back (`jax.make_array_from_process_local_data`).
 
+    **Arguments:**
+    - `batch`: a pytree of arrays or CPU torch tensors, each with the batch along axis 0.
+    - `mesh`: the mesh.
+    - `axis`: the mesh axis (or axes) to split the batch over; None: replicate.
+
+    **Returns:** `batch` with each leaf a `jax.Array` placed on `mesh`.
+
     **Example:**
         ```python
-        x, y = shard_batch((x, y), mesh)     # rows spread over mesh axis "data"
+        mesh = jaxtorch.train.data_mesh()
+        x, y = jaxtorch.train.shard_batch((torch.ones(8, 3), torch.zeros(8)), mesh)   # rows spread over "data"
+        assert isinstance(x, jax.Array) and x.shape == (8, 3)
         ```
     """
     if isinstance(batch, Mapping) and not isinstance(batch, dict):  # HF's BatchEncoding (a UserDict)
@@ -143,7 +175,20 @@ def shard_batch(batch: Any, mesh: Mesh, axis: str | Sequence[str] | None = "data
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None, axis: str = "data") -> Mesh:
-    """A one-axis mesh over `devices` (default: every device of every process)."""
+    """A one-axis mesh over `devices` (default: every device of every process).
+
+    **Arguments:**
+    - `devices`: the devices (default: `jax.devices()`).
+    - `axis`: the axis name.
+
+    **Returns:** a `jax.sharding.Mesh` of shape `(len(devices),)`.
+
+    **Example:**
+        ```python
+        mesh = jaxtorch.train.data_mesh()
+        assert mesh.axis_names == ("data",) and mesh.size == len(jax.devices())
+        ```
+    """
     devices = jax.devices() if devices is None else list(devices)
     return Mesh(np.array(devices), (axis,))
 
@@ -165,12 +210,18 @@ class DeviceLoader:
     others (its rows must divide over the mesh axis: use `drop_last=True` or a batch size they
     divide).
 
+    **Returns:** an iterable of the placed batches (`len()` is the loader's when it has one).
+
     **Example:**
         ```python
-        init, step = make_train_step(model, loss_fn, optax.adam(1e-3))
-        state = init()                                   # one device: replicated onto the mesh at the first step
-        for x, y in DeviceLoader(torch_loader, mesh):
-            state, loss = step(state, x, y, key)
+        import optax
+
+        model = torch.nn.Linear(3, 1)
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.adam(1e-3))
+        batches = [(torch.ones(4, 3), torch.zeros(4, 1)) for _ in range(2)]   # e.g. a torch DataLoader
+        state = init()
+        for x, y in jaxtorch.train.DeviceLoader(batches, jaxtorch.train.data_mesh()):
+            state, loss = step(state, x, y)
         ```
     """
 

@@ -27,6 +27,7 @@ from ..bridge.tensor._tensor import JaxTensor, write
 class TrainState(NamedTuple):
     """What `make_train_step`'s `step` carries from one step to the next (a pytree).
 
+    **Arguments:**
     - `params`: the trained parameters by torch name (`extract`'s params, less those
       `trainable=` leaves out): what the optimizer updates.
     - `model_state`: the rest, by name: parameters `trainable=` leaves out, frozen
@@ -34,6 +35,21 @@ class TrainState(NamedTuple):
       forward changes it (BatchNorm statistics); entries it does not write stay bit-identical.
     - `opt_state`: the optax state of the trained parameters.
     - `step`: the number of optimizer updates applied (an int32 scalar array).
+
+    **Returns:** a `NamedTuple` (so a pytree: `jax.jit`, `jaxtorch.save_checkpoint` and `jaxtorch.load_into` take
+    it); made by `init()`, never by hand.
+
+    **Example:**
+        ```python
+        import optax
+
+        model = torch.nn.Linear(3, 1)
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.sgd(0.1))
+        state = init()
+        assert isinstance(state, jaxtorch.train.TrainState) and set(state.params) == {"weight", "bias"}
+        state, loss = step(state, jnp.ones((4, 3)), jnp.ones((4, 1)))
+        assert int(state.step) == 1
+        ```
     """
 
     params: dict[str, jax.Array]
@@ -130,10 +146,13 @@ def load_into(
 
     **Example:**
         ```python
-        jaxtorch.load_into(model, train_state)          # from make_train_step
-        jaxtorch.load_into(model, params, new_state)    # from extract(..., mutable=True)
-        torch.save(model.state_dict(), "model.pt")
-        jaxtorch.load_into(meta_model, *jaxtorch.load_params(meta_model, "llama/"))  # now on the CPU
+        import optax
+
+        model = torch.nn.Linear(3, 1)
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.sgd(0.1))
+        state, loss = step(init(), jnp.ones((4, 3)), jnp.ones((4, 1)))
+        jaxtorch.load_into(model, state)                      # the trained weights, back in the torch module
+        assert torch.allclose(model.weight, torch.from_numpy(jax.device_get(state.params["weight"])))
         ```
     """
     check_not_donated((params, state), "load_into")

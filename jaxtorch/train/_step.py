@@ -341,6 +341,18 @@ def make_train_step(
       raises, naming `shard(state, mesh)`. Under `jaxtorch.checks()` the step runs checked
       and does not donate: a failed check raises torch's error (an out-of-range target's
       `IndexError`) and the state given stays usable.
+
+    **Example:**
+        ```python
+        import optax
+
+        model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.adam(1e-2))
+        state = init()
+        for _ in range(3):
+            state, loss = step(state, jnp.ones((4, 3)), jnp.zeros((4, 1)))
+        jaxtorch.load_into(model, state)                # the trained weights, back in the torch module
+        ```
     """
     if accumulate < 1:
         raise ValueError(f"accumulate must be >= 1, got {accumulate}")

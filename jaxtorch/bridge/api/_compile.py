@@ -110,7 +110,22 @@ from ._jax_first import _module_lock, _run_torch
 
 
 class Compiled:
-    """A torch module or function compiled into `jax.jit` programs, one per signature."""
+    """A torch module or function compiled into `jax.jit` programs, one per signature.
+
+    **Arguments:**
+    - `target`: a torch module, a module's bound `forward`, or a function of torch values.
+    - `state`: modules and optimizers the function closes over (see `compile`).
+
+    **Returns:** calling it runs the compiled program for the arguments' signature (compiling it on first use) and
+    returns what `target` returns, as tensors on the `jax` device; `.compilations` counts the traces.
+
+    **Example:**
+        ```python
+        double = jaxtorch.compile(lambda t: t * 2)
+        assert isinstance(double, jaxtorch.Compiled)
+        assert double(torch.ones(2, device="jax")).cpu().tolist() == [2.0, 2.0]
+        ```
+    """
 
     def __init__(self, target: torch.nn.Module | Callable, *, state: tuple = ()):
         self._target = target
@@ -1086,10 +1101,11 @@ def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compile
 
     **Example:**
         ```python
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("jax")
         fast = jaxtorch.compile(model)
-        logits = fast(input_ids.to("jax"))
-        model.forward = jaxtorch.compile(model.forward)
-        out = model.generate(ids, max_new_tokens=32, do_sample=False, cache_implementation="static")
+        y = fast(torch.ones(3, 4, device="jax"))    # traced and compiled once
+        y = fast(torch.zeros(3, 4, device="jax"))   # the same program
+        assert fast.compilations == 1
         ```
     """
     return Compiled(target, state=state)
@@ -1106,12 +1122,10 @@ def jit(fn: Callable) -> Compiled:
     **Example:**
         ```python
         @jaxtorch.jit
-        def f(x, y):
-            return torch.relu(x @ y).sum(-1)
+        def affine(x, w):
+            return x @ w + 1
 
-        @jaxtorch.jit
-        def step(model, tok, cache):             # one compilation for every decode step
-            return model(tok, cache=cache).logits[:, -1:].argmax(-1)
+        y = affine(torch.ones(2, 3, device="jax"), torch.ones(3, 4, device="jax"))  # a (2, 4) tensor of 4.0
         ```
     """
     return Compiled(fn)

@@ -72,6 +72,13 @@ def export(
     - `platforms`: lowering platforms (default: the current backend), e.g. `("cpu", "cuda")`.
 
     **Returns:** a `jax.export.Exported`; `.serialize()` gives bytes.
+
+    **Example:**
+        ```python
+        exp = jaxtorch.export(torch.nn.Linear(3, 2), torch.ones(1, 3))
+        y = exp.call(jnp.ones((1, 3)))    # the embedded weights
+        blob = exp.serialize()            # bytes; jax.export.deserialize(blob) in any JAX process
+        ```
     """
     params, forward = extract(model)
     fn: Callable[..., Any] = _per_example(forward) if batch_dim else forward

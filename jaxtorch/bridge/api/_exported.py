@@ -503,11 +503,10 @@ def from_exported(ep: ExportedProgram, *, mutable: bool = False) -> tuple[dict[s
     **Example:**
         ```python
         b = torch.export.Dim("b", min=1, max=64)
-        ep = torch.export.export(model.eval(), (x,), dynamic_shapes=({0: b},))
+        ep = torch.export.export(torch.nn.Linear(3, 2).eval(), (torch.ones(2, 3),), dynamic_shapes=({0: b},))
         params, fn = jaxtorch.from_exported(ep)
-        y = jax.jit(fn)(params, jnp.ones((5, 8)))
-        exp = jax.export.export(jax.jit(fn))(params, *fn.input_specs)
-        grads = jax.grad(lambda p: fn(p, jnp.ones((5, 8))).sum())(params)
+        y = jax.jit(fn)(params, jnp.ones((5, 3)))    # any batch size from 1 to 64
+        grads = jax.grad(lambda p: fn(p, jnp.ones((5, 3))).sum())(params)
         ```
     """
     if not isinstance(ep, ExportedProgram):

@@ -83,7 +83,10 @@ def call_torch(fn: Callable, *args: Any, rng: jax.Array | None = None, **kwargs:
 
     **Example:**
         ```python
-        y = jax.jit(lambda x: jaxtorch.call_torch(torch.nn.functional.gelu, x))(jnp.ones(3))
+        def torch_fn(x, y):
+            return torch.nn.functional.gelu(x @ y).sum(dim=-1)
+
+        out = jax.jit(lambda a, b: jaxtorch.call_torch(torch_fn, a, b))(jnp.ones((2, 3)), jnp.ones((3, 4)))  # (2,)
         ```
     """
     targs, tkwargs = torch_view(
@@ -206,16 +209,26 @@ def extract(
     the same layout, and `load_into` transposes back (see `bridge/layouts.py`). These
     arrays are copies, not views of the module's memory.
 
+    **Arguments:**
+    - `module`: the torch module.
+    - `train`: None (default) keeps each submodule's mode; True / False asks for train / eval mode.
+    - `mutable`: `fn` also returns the new state dict (`(output, new_state)`).
+    - `conv_layout`: `"torch"` (default) or `"flax"` (convolution weights transposed, see above).
+
+    **Returns:** `(params, fn)`: a dict name -> `jax.Array` of the trainable parameters and a `ModuleFunction`,
+    `fn(params, *args, state=None, rng=None, **kwargs)`, with `fn.state` and `fn.training`.
+
     **Example:**
         ```python
-        params, fn = jaxtorch.extract(model.eval())       # or extract(model, train=False)
-        logits = jax.jit(fn)(params, input_ids)
-        grads = jax.grad(lambda p: fn(p, x).sum())(params)  # buffers stay in fn.state
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+        x = jnp.ones((2, 4))
+        params, fn = jaxtorch.extract(model, train=False)
+        y = jax.jit(fn)(params, x)                           # (2, 8); BatchNorm's statistics stay in fn.state
+        grads = jax.grad(lambda p: fn(p, x).sum())(params)  # the same names as params
 
         params, fn = jaxtorch.extract(model, train=True, mutable=True)
-        state = fn.state
-        out, state = jax.jit(fn)(params, x, state=state, rng=key)  # BatchNorm statistics
-        jaxtorch.load_into(model, params, state)
+        y, state = fn(params, x, state=fn.state)             # the updated running statistics
+        jaxtorch.load_into(model, params, state)             # back into the torch module
         ```
     """
     params_t, state_t = split_state(module)
@@ -431,6 +444,19 @@ class TorchModule(eqx.Module):
     `m.train()` / `m.eval()` return a module in the other mode, and
     `eqx.nn.inference_mode(m)` works. It is a Python bool, static under `eqx.filter_jit`;
     plain `jax.jit` would trace it: close over the module, or use `eqx.filter_jit`.
+
+    **Arguments:**
+    Made by `torch_module_to_jax(module, train=..., conv_layout=...)`, not built directly; its fields are
+    `params` (the trainable parameters, the leaves), and, static, the mode, the torch module and its state.
+
+    **Returns:** calling it, `m(*args, state=None, rng=None, **kwargs)`, returns the module's output as JAX values.
+
+    **Example:**
+        ```python
+        m = jaxtorch.torch_module_to_jax(torch.nn.Linear(3, 2))
+        assert isinstance(m, jaxtorch.TorchModule) and set(m.params) == {"weight", "bias"}
+        y = m(jnp.ones((1, 3)))
+        ```
     """
 
     params: dict[str, jax.Array]
@@ -497,12 +523,19 @@ def torch_module_to_jax(
     `m.eval()` / `eqx.nn.inference_mode(m)`. `conv_layout="flax"` keeps convolution weights
     in XLA's layout, as in `extract`.
 
+    **Arguments:**
+    - `module`: the torch module.
+    - `train`, `conv_layout`: as for `extract`.
+
+    **Returns:** a `TorchModule` (an `equinox.Module`): call it like the torch module, with JAX arrays.
+
     **Example:**
         ```python
-        m = jaxtorch.torch_module_to_jax(torch_model)
-        grads = eqx.filter_grad(lambda m, x: m(x).sum())(m, x)   # params only
-        m = eqx.apply_updates(m, updates)
-        out, state = m(x, state=m.state)                          # explicit state in and out
+        import equinox as eqx
+
+        m = jaxtorch.torch_module_to_jax(torch.nn.Linear(3, 2))
+        y = m(jnp.ones((4, 3)))                                               # (4, 2)
+        grads = eqx.filter_grad(lambda m, x: m(x).sum())(m, jnp.ones((4, 3)))  # a TorchModule of gradients
         ```
     """
     params, fn = extract(module, train=train, conv_layout=conv_layout)

@@ -149,13 +149,21 @@ class JaxModule(torch.nn.Module):
       whose static part does not pickle (an Equinox MLP holding `jax.nn.relu`) refuses
       `torch.save` naming `state_dict`.
 
+    **Arguments:**
+    - `module`: an `equinox.Module` or a `flax.nnx.Module`.
+
+    **Returns:** a `torch.nn.Module`; calling it with torch tensors (on the `jax` device or the CPU) runs the JAX
+    module and returns torch tensors on the `jax` device, differentiable by `loss.backward()`.
+
     **Example:**
         ```python
-        bn = jaxtorch.JaxModule(nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
-        bn(x)                     # batch statistics; buffers bn_mean_value, bn_var_value move
-        bn.eval(); y = bn(x)      # the running statistics, as nnx's eval mode
-        drop = jaxtorch.JaxModule(eqx.nn.Dropout(0.1))
-        drop(x, key=jax.random.key(0))
+        import equinox as eqx
+
+        lin = jaxtorch.JaxModule(eqx.nn.Linear(3, 2, key=jax.random.key(0)))
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        loss = lin(torch.ones(3, device="jax")).sum()
+        loss.backward()
+        opt.step()                          # the Equinox weights, trained by torch
         ```
     """
 

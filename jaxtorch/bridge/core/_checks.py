@@ -59,11 +59,19 @@ class checks:
     `benchmarks/checks.py`). `JAXTORCH_CHECKS=1` turns them on at import; `checks(False)`
     turns them off inside. Not thread-local: it switches the process.
 
+    **Arguments:**
+    - `on`: True (default) turns the checks on inside the block, False off.
+
+    **Returns:** a context manager (`checks(...)` also works as a decorator, as a `ContextDecorator`).
+
     **Example:**
         ```python
-        with jaxtorch.checks():
-            F.embedding(torch.tensor([10], device="jax"), weight)   # IndexError: index out of range in self
-            step(model, x, y)                                        # a jaxtorch.jit function: checked too
+        weight = torch.ones(4, 2, device="jax")
+        try:
+            with jaxtorch.checks():
+                torch.nn.functional.embedding(torch.tensor([10], device="jax"), weight)
+        except IndexError as err:
+            print(err)   # index out of range in self, as CPU torch says
         ```
     """
 

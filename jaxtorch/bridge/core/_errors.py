@@ -9,11 +9,33 @@ import jax
 
 
 class JaxtorchError(RuntimeError):
-    """Base class of jaxtorch's errors."""
+    """Base class of jaxtorch's errors.
+
+    **Example:** every error jaxtorch raises is one; the message names the problem and the way out.
+        ```python
+        try:
+            torch.ones(2, device="jax") + torch.ones(2)     # a CPU tensor mixed in
+        except jaxtorch.JaxtorchError as err:               # any of jaxtorch's errors
+            caught = err
+        ```
+    """
 
 
 class UnsupportedOpError(JaxtorchError, NotImplementedError):
-    """An ATen (or custom) op has no JAX lowering and no decomposition."""
+    """An ATen (or custom) op has no JAX lowering and no decomposition.
+
+    **Example:**
+        ```python
+        @torch.library.custom_op("docs::halve", mutates_args=())
+        def halve(x: torch.Tensor) -> torch.Tensor:
+            return x / 2
+
+        try:
+            torch.ops.docs.halve(torch.ones(2, device="jax"))
+        except jaxtorch.UnsupportedOpError as err:
+            caught = err   # the way out: jaxtorch.register_op(torch.ops.docs.halve.default, lambda x: x / 2)
+        ```
+    """
 
     def __init__(self, op, detail: str = ""):
         name = getattr(op, "name", lambda: str(op))()
@@ -62,6 +84,14 @@ class DataDependentError(JaxtorchError):
     """An op whose output shape or Python value depends on array values ran under tracing.
 
     The message names the Python line that asked for the value (`source_line`).
+
+    **Example:**
+        ```python
+        try:
+            jax.jit(lambda a: jaxtorch.call_torch(torch.nonzero, a))(jnp.ones(3))
+        except jaxtorch.DataDependentError as err:
+            caught = err   # the way out: run that part eagerly, or give the size statically
+        ```
     """
 
     def __init__(self, op, hint: str = ""):
@@ -83,7 +113,16 @@ class DataDependentError(JaxtorchError):
 
 
 class DeviceMismatchError(JaxtorchError):
-    """A plain CPU tensor was mixed into a computation on the `jax` device."""
+    """A plain CPU tensor was mixed into a computation on the `jax` device.
+
+    **Example:**
+        ```python
+        try:
+            torch.ones(2, device="jax") + torch.ones(2)
+        except jaxtorch.DeviceMismatchError as err:
+            caught = err   # the way out: `t.to("jax")` for the CPU tensor
+        ```
+    """
 
     def __init__(self, op, other_device):
         name = getattr(op, "name", lambda: str(op))()
@@ -96,7 +135,16 @@ class DeviceMismatchError(JaxtorchError):
 
 
 class Float64Error(JaxtorchError, TypeError):
-    """A float64/complex128 value met JAX with 64-bit mode off."""
+    """A float64/complex128 value met JAX with 64-bit mode off.
+
+    **Example:**
+        ```python
+        try:
+            torch.ones(2, dtype=torch.float64, device="jax")
+        except jaxtorch.Float64Error as err:
+            caught = err   # the way out: jax.config.update("jax_enable_x64", True) first, or float32
+        ```
+    """
 
     def __init__(self, dtype):
         super().__init__(
@@ -111,6 +159,14 @@ class Int64Error(JaxtorchError, OverflowError):
 
     With 64-bit mode off JAX holds `torch.int64` data as int32 (and `uint64` as uint32); a value
     that does not fit would wrap, so jaxtorch refuses it instead.
+
+    **Example:**
+        ```python
+        try:
+            torch.tensor([2**40]).to("jax")
+        except jaxtorch.Int64Error as err:
+            caught = err   # the way out: JAX's 64-bit mode, or values that fit in 32 bits
+        ```
     """
 
     def __init__(self, dtype, value, where: str = ""):
@@ -124,7 +180,16 @@ class Int64Error(JaxtorchError, OverflowError):
 
 
 class MissingKeyError(JaxtorchError):
-    """A random op ran under tracing without a JAX PRNG key."""
+    """A random op ran under tracing without a JAX PRNG key.
+
+    **Example:**
+        ```python
+        try:
+            jax.jit(lambda a: jaxtorch.call_torch(lambda t: t + torch.rand(3, device="jax"), a))(jnp.ones(3))
+        except jaxtorch.MissingKeyError as err:
+            caught = err   # the way out: pass `rng=jax.random.key(0)` to call_torch (or extract's fn)
+        ```
+    """
 
     def __init__(self, op):
         name = getattr(op, "name", lambda: str(op))()
@@ -140,7 +205,18 @@ class MissingKeyError(JaxtorchError):
 
 
 class GeneratorUnderTraceError(JaxtorchError):
-    """A random op was given a torch `generator=` under jax tracing."""
+    """A random op was given a torch `generator=` under jax tracing.
+
+    **Example:**
+        ```python
+        g = torch.Generator().manual_seed(0)
+        noisy = lambda t: t + torch.rand(3, generator=g, device="jax")
+        try:
+            jax.jit(lambda a: jaxtorch.call_torch(noisy, a))(jnp.ones(3))
+        except jaxtorch.GeneratorUnderTraceError as err:
+            caught = err   # the way out: drop `generator=` and pass `rng=` (a JAX key)
+        ```
+    """
 
     def __init__(self, op):
         name = getattr(op, "name", lambda: str(op))() if op is not None else "a random op"
@@ -156,30 +232,100 @@ class GeneratorUnderTraceError(JaxtorchError):
 class ModuleReleasedError(JaxtorchError, ReferenceError):
     """A function made from a torch module (`make_train_step`'s step and init) needs the module
     again (to trace a new input shape, to read its current values) after the caller freed it;
-    such functions hold it only weakly once traced, so that `del model` frees its weights."""
+    such functions hold it only weakly once traced, so that `del model` frees its weights.
+
+    **Example:**
+        ```python
+        import optax
+
+        model = torch.nn.Linear(3, 1)
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.sgd(0.1))
+        state, loss = step(init(), jnp.ones((4, 3)), jnp.ones((4, 1)))
+        del model                                                  # only the step held it, weakly
+        try:
+            step(state, jnp.ones((8, 3)), jnp.ones((8, 1)))       # a new shape needs the module again
+        except jaxtorch.train.ModuleReleasedError as err:
+            caught = err   # the way out: keep the module alive while the step is used
+        ```
+    """
 
 
 class OnceDifferentiableError(JaxtorchError):
     """A `torch.autograd.Function` whose backward is `@once_differentiable` was differentiated twice
-    under a JAX transformation (`jax.hessian`, grad of grad), which torch refuses too."""
+    under a JAX transformation (`jax.hessian`, grad of grad), which torch refuses too.
+
+    **Example:**
+        ```python
+        class Cube(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x**3
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                return 3 * x**2 * g
+
+        try:
+            jax.hessian(lambda a: jaxtorch.call_torch(lambda t: Cube.apply(t).sum(), a))(jnp.ones(2))
+        except jaxtorch.OnceDifferentiableError as err:
+            caught = err   # the way out: a backward torch can differentiate (no @once_differentiable)
+        ```
+    """
 
 
 class HookUnderTraceError(JaxtorchError):
-    """A backward hook jaxtorch cannot honour under a JAX transformation (it names the hook and the way out)."""
+    """A backward hook jaxtorch cannot honour under a JAX transformation (it names the hook and the way out).
+
+    **Example:**
+        ```python
+        def f(x):
+            v = x[0]                        # a view
+            v.register_hook(lambda g: g * 2)
+            return (v * v).sum()
+
+        try:
+            jax.grad(lambda a: jaxtorch.call_torch(f, a))(jnp.ones((2, 2)))
+        except jaxtorch.HookUnderTraceError as err:
+            caught = err   # the way out: register the hook on `x[0].clone()` or on `x`
+        ```
+    """
 
 
 class ExportedProgramError(JaxtorchError):
     """A `torch.export.ExportedProgram` that `jaxtorch.from_exported` cannot turn into a pure JAX
     function: it writes its buffers (without `mutable=True`), its parameters or its inputs, has
     data-dependent sizes, side-effect tokens, custom objects, or higher-order ops (`torch.cond`,
-    `torch.map`, ...) left in its graph. The message names what was found and the way out."""
+    `torch.map`, ...) left in its graph. The message names what was found and the way out.
+
+    **Example:**
+        ```python
+        ep = torch.export.export(torch.nn.BatchNorm1d(3).train(), (torch.ones(4, 3),))
+        try:
+            jaxtorch.from_exported(ep)       # train mode writes the running statistics
+        except jaxtorch.ExportedProgramError as err:
+            caught = err   # the way out: from_exported(ep, mutable=True), or export in eval mode
+        ```
+    """
 
 
 class ExportedInputError(JaxtorchError, ValueError):
     """The arguments given to a function from `jaxtorch.from_exported` do not fit the program:
     another structure, a dtype or rank that differs, a static size that differs, a dynamic size
     outside the program's range (`torch.export.Dim(min=, max=)`), or a symbolic size that is not
-    the function's own (`fn.input_specs`). The message names the input and what it should be."""
+    the function's own (`fn.input_specs`). The message names the input and what it should be.
+
+    **Example:**
+        ```python
+        params, fn = jaxtorch.from_exported(torch.export.export(torch.nn.Linear(3, 2), (torch.ones(1, 3),)))
+        try:
+            fn(params, jnp.ones((1, 4)))     # exported with 3 features
+        except jaxtorch.ExportedInputError as err:
+            caught = err   # the way out: the input the program was exported for (see fn.input_specs)
+        ```
+    """
 
 
 class StateWriteError(JaxtorchError):
@@ -190,7 +336,22 @@ class StateWriteError(JaxtorchError):
     attribute that is not a parameter or buffer; or torch code run as a pure JAX function
     (`call_torch`, `extract`'s `fn`) wrote to a CPU tensor (`cpu_write`, `torch_state_write`), or a
     non-mutable `extract` function's forward wrote a module buffer (`read_only_write`). The
-    message names the tensor and the way out."""
+    message names the tensor and the way out.
+
+    **Example:**
+        ```python
+        counter = torch.zeros(1)
+
+        def f(x):
+            counter.add_(1)                  # a write to a CPU tensor from pure JAX code
+            return x * 2
+
+        try:
+            jaxtorch.call_torch(f, jnp.ones(2))
+        except jaxtorch.StateWriteError as err:
+            caught = err   # the way out: return the new value instead of writing it
+        ```
+    """
 
     @classmethod
     def cpu_write(cls, op, shape) -> StateWriteError:
@@ -243,7 +404,15 @@ class CollectiveError(JaxtorchError):
     bound, an unknown axis, a group whose size is not the axis size, a reduce op or call JAX
     lacks, uneven all_to_all splits) and the way out.
 
-    **Example:** `CollectiveError.no_axis("all_reduce")`.
+    **Example:**
+        ```python
+        import torch.distributed._functional_collectives as funcol
+
+        try:
+            jaxtorch.call_torch(lambda t: funcol.all_reduce(t, "sum", "world"), jnp.ones(2))  # no jax.shard_map here
+        except jaxtorch.CollectiveError as err:
+            caught = err   # the way out: call it inside jax.shard_map (or jax.pmap) over the mesh axis
+        ```
     """
 
     @classmethod
@@ -316,7 +485,16 @@ class ControlFlowError(JaxtorchError):
     changing shape or dtype, branches returning different things, an empty scan) and what one `lax`
     op cannot carry (a write to a tensor from outside the body). The message names the body and the way out.
 
-    **Example:** `ControlFlowError("torch.cond's true_fn", "returns its input `x` itself", "return `x.clone()`")`.
+    **Example:**
+        ```python
+        def f(x):
+            return torch.cond(x.sum() > 0, lambda a: a.add_(1), lambda a: a.clone(), (x,))
+
+        try:
+            jaxtorch.call_torch(f, jnp.ones(2))
+        except jaxtorch.ControlFlowError as err:
+            caught = err   # the way out: write to a `.clone()` and return it
+        ```
     """
 
     def __init__(self, where: str, problem: str, fix: str):
@@ -328,7 +506,21 @@ class ControlFlowError(JaxtorchError):
 class GradScalerError(JaxtorchError):
     """A `torch.amp.GradScaler` step jaxtorch cannot run with torch's meaning (a scale factor
     float32 cannot hold without 64-bit mode, an optimizer state a compiled skip cannot keep).
-    The message names the problem and the way out."""
+    The message names the problem and the way out.
+
+    **Example:**
+        ```python
+        model = torch.nn.Linear(2, 1).to("jax")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("jax", growth_factor=1.1, growth_interval=1)   # 1.1 is no float32
+        scaler.scale(model(torch.ones(1, 2, device="jax")).sum()).backward()
+        scaler.step(opt)
+        try:
+            scaler.update()
+        except jaxtorch.GradScalerError as err:
+            caught = err   # the way out: a factor float32 holds (2.0), or JAX's 64-bit mode
+        ```
+    """
 
     @classmethod
     def inexact_factor(cls, name: str, value: float) -> GradScalerError:
@@ -379,7 +571,15 @@ class TorchVersionError(JaxtorchError):
     result. The message names what changed; the way out is a torch release jaxtorch supports
     (`torch>=2.13,<2.15`, see pyproject.toml) or a newer jaxtorch.
 
-    **Example:** `raise TorchVersionError("torch 2.15's checkpoint calls none of ...")`.
+    **Example:** raised by jaxtorch's checks of the installed torch (it cannot be provoked on a supported one):
+        ```python
+        from jaxtorch.bridge.core._errors import TorchVersionError
+
+        try:
+            raise TorchVersionError("torch's checkpoint calls none of the functions jaxtorch wraps")
+        except jaxtorch.TorchVersionError as err:
+            caught = err   # the way out: a supported torch (`torch>=2.13,<2.15`) or a newer jaxtorch
+        ```
     """
 
     def __init__(self, detail: str):
@@ -403,9 +603,11 @@ class MetaTensorError(JaxtorchError, NotImplementedError, ValueError):
 
     **Example:**
         ```python
-        with torch.device("meta"):
-            model = torch.nn.Linear(4, 2)
-        model.to("jax")   # MetaTensorError: `aten::copy_` ... to_empty ... load_into ... device_map="jax"
+        model = torch.nn.Linear(2, 2, device="meta")
+        try:
+            model.to("jax")
+        except jaxtorch.MetaTensorError as err:
+            caught = err   # the way out: model.to_empty(device="jax"), then load its weights
         ```
     """
 
@@ -428,7 +630,17 @@ class MetaTensorError(JaxtorchError, NotImplementedError, ValueError):
 class ParamsError(JaxtorchError, ValueError):
     """The `params` (or `state`) given to a function from `jaxtorch.extract` (or to `load_into`)
     do not fit the module: a name missing, extra, tied to another, in the wrong dict, or a value
-    that is not an array of the right shape. The message names each entry and the way out."""
+    that is not an array of the right shape. The message names each entry and the way out.
+
+    **Example:**
+        ```python
+        params, fn = jaxtorch.extract(torch.nn.Linear(2, 2))
+        try:
+            fn({"weight": params["weight"]}, jnp.ones(2))      # "bias" missing
+        except jaxtorch.ParamsError as err:
+            caught = err   # the way out: exactly the names extract gave
+        ```
+    """
 
 
 class MetaBufferError(JaxtorchError):
@@ -437,11 +649,37 @@ class MetaBufferError(JaxtorchError):
 
 class DonatedStateError(JaxtorchError):
     """A `TrainState` (or arrays of one) that an earlier step consumed: `make_train_step` donates
-    the state it is given by default, so its memory now holds the next state."""
+    the state it is given by default, so its memory now holds the next state.
+
+    **Example:**
+        ```python
+        import optax
+
+        model = torch.nn.Linear(3, 1)
+        init, step = jaxtorch.train.make_train_step(model, lambda out, y: jnp.mean((out - y) ** 2), optax.sgd(0.1))
+        state = init()
+        new_state, loss = step(state, jnp.ones((4, 3)), jnp.ones((4, 1)))
+        try:
+            step(state, jnp.ones((4, 3)), jnp.ones((4, 1)))      # `state` was donated to the first step
+        except jaxtorch.train.DonatedStateError as err:
+            caught = err   # the way out: pass the state the last step returned (or donate=False)
+        ```
+    """
 
 
 class CheckpointError(JaxtorchError, ValueError):
-    """A checkpoint file that cannot be read (missing, truncated, corrupted, not a checkpoint)."""
+    """A checkpoint file that cannot be read (missing, truncated, corrupted, not a checkpoint).
+
+    **Example:**
+        ```python
+        import os, tempfile
+
+        try:
+            jaxtorch.load_checkpoint(os.path.join(tempfile.mkdtemp(), "missing.ckpt"))
+        except jaxtorch.train.CheckpointError as err:
+            caught = err   # the way out: the path of a file `save_checkpoint` wrote
+        ```
+    """
 
 
 class CheckpointKeysError(CheckpointError, KeyError):
@@ -449,6 +687,19 @@ class CheckpointKeysError(CheckpointError, KeyError):
 
     Attributes: `missing` (model names the file lacks), `unexpected` (file names the model
     lacks), `mismatched` (`{name: (file shape, model shape)}`).
+
+    **Example:**
+        ```python
+        import os, tempfile
+        from safetensors.torch import save_file
+
+        path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        save_file({"weight": torch.ones(1, 3)}, path)                 # no "bias"
+        try:
+            jaxtorch.load_params(torch.nn.Linear(3, 1), path)
+        except jaxtorch.train.CheckpointKeysError as err:
+            caught = err   # err.missing == ["bias"]; or load_params(..., strict=False)
+        ```
     """
 
     def __init__(

@@ -75,7 +75,21 @@ STATE_LOCK = _lock
 
 
 class LazyGraphWarning(UserWarning):
-    """The pending graph grew past its limit and was executed (call `mark_step` in the loop)."""
+    """The pending graph grew past its limit and was executed (call `mark_step` in the loop).
+
+    **Example:**
+        ```python
+        import warnings
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with jaxtorch.lazy(max_graph_ops=10):
+                t = torch.zeros(3, device="jax")
+                for _ in range(30):          # no mark_step in the loop
+                    t = t + 1
+        caught = next(w.message for w in seen if isinstance(w.message, jaxtorch.xla.LazyGraphWarning))
+        ```
+    """
 
 
 # ---- the graph ------------------------------------------------------------------------
@@ -126,6 +140,7 @@ class LazyArray:
 class LazyMetrics:
     """Counters of the lazy mode since the last `clear_metrics()`.
 
+    **Arguments:**
     - `compiles`: programs traced and compiled (a new graph structure);
     - `cache_hits`: executions whose structure had been compiled before;
     - `executions`: programs run (planned or not);
@@ -139,6 +154,19 @@ class LazyMetrics:
     - `floats_made_inputs`: Python-float sites that changed value and so became program
       inputs (the others are baked in as constants; each change compiles once);
     - `float_inputs`: Python floats passed as inputs to the last executed program.
+
+    **Returns:** the counters; made by `jaxtorch.xla.metrics()`, not by hand.
+
+    **Example:**
+        ```python
+        jaxtorch.xla.clear_metrics()
+        with jaxtorch.lazy():
+            for _ in range(3):
+                t = torch.ones(4, device="jax") * 2
+                jaxtorch.xla.mark_step()
+        m = jaxtorch.xla.metrics()
+        assert isinstance(m, jaxtorch.xla.LazyMetrics) and m.compiles == 1 and m.cache_hits == 2
+        ```
     """
 
     compiles: int = 0
@@ -163,9 +191,17 @@ _HISTORY = 1000
 def metrics() -> LazyMetrics:
     """A snapshot of the lazy-mode counters (see `LazyMetrics`).
 
+    **Arguments:**
+    None.
+
+    **Returns:** a `LazyMetrics` (a copy: later work does not change it).
+
     **Example:**
         ```python
-        m = jaxtorch.xla.metrics(); assert m.compiles <= 2
+        with jaxtorch.lazy():
+            t = torch.ones(2, device="jax") + 1
+        m = jaxtorch.xla.metrics()
+        assert m.executions >= 1
         ```
     """
     with _lock:
@@ -179,14 +215,37 @@ def metrics() -> LazyMetrics:
 
 
 def clear_metrics() -> None:
-    """Reset every counter (compiled programs stay cached)."""
+    """Reset every counter (compiled programs stay cached).
+
+    **Arguments:**
+    None.
+
+    **Returns:** None.
+
+    **Example:**
+        ```python
+        jaxtorch.xla.clear_metrics()
+        assert jaxtorch.xla.metrics().executions == 0
+        ```
+    """
     global _M
     with _lock:
         _M = LazyMetrics()
 
 
 def metrics_report() -> str:
-    """A short human-readable report of `metrics()`, like torch_xla's `metrics_report()`."""
+    """A short human-readable report of `metrics()`, like torch_xla's `metrics_report()`.
+
+    **Arguments:**
+    None.
+
+    **Returns:** a multi-line str.
+
+    **Example:**
+        ```python
+        print(jaxtorch.xla.metrics_report())
+        ```
+    """
     m = metrics()
     steps = m.ops_recorded[-5:]
     lines = [
@@ -706,9 +765,14 @@ def sync(reason: str | None = None) -> None:
     **Arguments:**
     - `reason`: None for a planned step; otherwise why (counted as unplanned).
 
+    **Returns:** None; the pending values are computed (asynchronously, as JAX dispatches).
+
     **Example:**
         ```python
-        loss.backward(); opt.step(); jaxtorch.sync()
+        with jaxtorch.lazy():
+            t = torch.ones(3, device="jax") * 2   # recorded, not run
+            jaxtorch.sync()                        # run now, as one program
+            assert t.cpu().tolist() == [2.0, 2.0, 2.0]
         ```
     """
     with _lock:
@@ -792,12 +856,17 @@ def lazy(max_graph_ops: int | None = None):
     - `max_graph_ops`: execute (with a `LazyGraphWarning`) when this many ops are pending
       (default 100000, or `JAXTORCH_LAZY_MAX_OPS`).
 
+    **Returns:** a context manager; at its end what is pending runs (as `sync()`).
+
     **Example:**
         ```python
+        model = torch.nn.Linear(4, 1).to("jax")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.ones(8, 4, device="jax"), torch.zeros(8, 1, device="jax")
         with jaxtorch.lazy():
-            for x, y in batches:
-                opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
-                jaxtorch.xla.mark_step()
+            for _ in range(3):
+                opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+                jaxtorch.xla.mark_step()   # one cached XLA program per step
         ```
     """
     with _lock:  # (threads entering and leaving in any order: on while any block is open)

@@ -32,7 +32,20 @@ _local = threading.local()
 
 
 def manual_seed(seed: int) -> None:
-    """Reseed the eager generator (called by `torch.manual_seed`)."""
+    """Reseed the eager generator (called by `torch.manual_seed`).
+
+    **Arguments:**
+    - `seed`: the seed (an int).
+
+    **Returns:** None.
+
+    **Example:**
+        ```python
+        jaxtorch.manual_seed(0); a = torch.rand(2, device="jax")
+        jaxtorch.manual_seed(0); b = torch.rand(2, device="jax")
+        assert torch.equal(a.cpu(), b.cpu())
+        ```
+    """
     with _lock:
         _global["seed"] = int(seed)
         _global["key"] = None

@@ -158,10 +158,22 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
     `jax.custom_vjp` function: `jax.grad` then uses its rule. Ops already dispatched use it
     from their next call, eagerly and in lazy mode (as after `register`: see `notify`).
 
+    **Arguments:**
+    - `op`: the op: an `OpOverload` (`torch.ops.mylib.bar.default`) or an `OpOverloadPacket` (every overload).
+    - `jax_impl`: its JAX function (arrays in, arrays out, the op's signature).
+    - `data_dependent`: the output's shape depends on values (then refused under tracing).
+    - `random`: the op draws random numbers (it gets a key).
+
+    **Returns:** `jax_impl`, so `register_op` also works as a decorator's body.
+
     **Example:**
         ```python
-        jaxtorch.register_op(torch.ops.mylib.bar.default, lambda x: jnp.sin(x) * 2)
-        jaxtorch.register_op(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, my_attention)
+        @torch.library.custom_op("docs::twice_sin", mutates_args=())
+        def twice_sin(x: torch.Tensor) -> torch.Tensor:
+            return torch.sin(x) * 2
+
+        jaxtorch.register_op(torch.ops.docs.twice_sin.default, lambda x: jnp.sin(x) * 2)
+        y = torch.ops.docs.twice_sin(torch.ones(3, device="jax"))   # runs the JAX function
         ```
     """
     return register(op, data_dependent=data_dependent, random=random)(jax_impl)

@@ -43,10 +43,13 @@ def enable_globally(lazy: bool = False) -> None:
       program at `jaxtorch.xla.mark_step()` / `jaxtorch.sync()` or when a value is read
       (see `jaxtorch.lazy`).
 
+    **Returns:** None; `disable_globally()` undoes it.
+
     **Example:**
         ```python
-        import jaxtorch; jaxtorch.enable_globally()
-        m = MyModel().to("jax"); y = m(torch.randn(3, 8, device="jax"))
+        jaxtorch.enable_globally()
+        y = torch.nn.Linear(8, 2).to("jax")(torch.randn(3, 8, device="jax"))
+        jaxtorch.disable_globally()
         ```
     """
     if lazy:
@@ -59,7 +62,19 @@ def enable_globally(lazy: bool = False) -> None:
 
 
 def disable_globally() -> None:
-    """Undo `enable_globally` for this thread (lazy mode goes off too, after executing what is pending)."""
+    """Undo `enable_globally` for this thread (lazy mode goes off too, after executing what is pending).
+
+    **Arguments:**
+    None.
+
+    **Returns:** None.
+
+    **Example:**
+        ```python
+        jaxtorch.enable_globally()
+        jaxtorch.disable_globally()   # torch as before, for this thread
+        ```
+    """
     _lazy.set_enabled(False)
     s = _stack()
     if not s:
@@ -70,7 +85,20 @@ def disable_globally() -> None:
 @contextlib.contextmanager
 def default_env(jax_by_default: bool = False):
     """Scoped `enable_globally`. With `jax_by_default=True`, factories with no device create
-    JAX values and CPU tensors are moved to JAX (what `call_torch` uses)."""
+    JAX values and CPU tensors are moved to JAX (what `call_torch` uses).
+
+    **Arguments:**
+    - `jax_by_default`: also make factories without a device, and CPU tensors, JAX values.
+
+    **Returns:** a context manager: jaxtorch is on inside the block.
+
+    **Example:**
+        ```python
+        with jaxtorch.default_env(jax_by_default=True):
+            t = torch.zeros(3)           # on the jax device
+        assert t.device.type == "jax"
+        ```
+    """
     with JaxFunctionMode(), JaxDispatchMode():
         if jax_by_default:
             # torch.device as a context fills `device="jax"` into every factory call, so

@@ -148,10 +148,20 @@ def call_jax(fn: Callable, *args, **kwargs) -> Any:
 def jax_function_to_torch(fn: Callable) -> Callable:
     """A torch-callable version of the JAX function `fn` (see `call_jax`), autograd included.
 
+    **Arguments:**
+    - `fn`: a JAX function of arrays (pytrees allowed).
+
+    **Returns:** a function taking torch tensors where `fn` takes arrays and returning `JaxTensor`s, differentiable
+    by torch autograd (`jax.vjp(fn)` is its backward).
+
     **Example:**
         ```python
+        import optax
+
         torch_loss = jaxtorch.jax_function_to_torch(optax.softmax_cross_entropy_with_integer_labels)
-        torch_loss(logits, labels).mean().backward()
+        logits = torch.zeros(2, 5, device="jax", requires_grad=True)
+        torch_loss(logits, torch.tensor([1, 3], device="jax")).mean().backward()
+        assert logits.grad.shape == (2, 5)
         ```
     """
 

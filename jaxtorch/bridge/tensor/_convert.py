@@ -78,12 +78,37 @@ def torch_view(tree: Any) -> Any:
     """Wrap every `jax.Array` in `tree` as a `JaxTensor` (no copy); dtypes become torch dtypes.
 
     Without x64 an int32 array (JAX's default integer) is viewed as `torch.int64` (torch's), as
-    `call_torch` and `extract`'s `fn` hand their inputs to torch code; `to_torch` copies it as int32."""
+    `call_torch` and `extract`'s `fn` hand their inputs to torch code; `to_torch` copies it as int32.
+
+    **Arguments:**
+    - `tree`: a pytree whose `jax.Array`s are wrapped; other leaves are kept.
+
+    **Returns:** `tree` with each `jax.Array` replaced by a `JaxTensor` on the `jax` device sharing its memory.
+
+    **Example:**
+        ```python
+        t = jaxtorch.torch_view(jnp.arange(3))
+        assert t.device.type == "jax" and t.dtype == torch.int64   # JAX's int32 seen as torch's int64
+        ```
+    """
     return tree_map(_torch_view_leaf, tree)
 
 
 def jax_view(tree: Any) -> Any:
-    """Unwrap every `JaxTensor` in `tree` to its `jax.Array` (no copy); dtypes become NumPy dtypes."""
+    """Unwrap every `JaxTensor` in `tree` to its `jax.Array` (no copy); dtypes become NumPy dtypes.
+
+    **Arguments:**
+    - `tree`: a pytree whose `JaxTensor`s are unwrapped; other leaves are kept.
+
+    **Returns:** `tree` with each `JaxTensor` replaced by the `jax.Array` (or tracer) it holds.
+
+    **Example:**
+        ```python
+        t = torch.ones(2, 3, device="jax")
+        a = jaxtorch.jax_view(t)               # the very array the tensor holds
+        assert isinstance(a, jax.Array) and a.shape == (2, 3)
+        ```
+    """
     return tree_map(_jax_view_leaf, tree)
 
 
@@ -391,6 +416,12 @@ def to_jax(tree: Any) -> Any:
     copy-on-write: convert a `.clone()` for those. Like `jnp.asarray`'s, the arrays are not
     committed to a device, so they mix with other JAX arrays without recompiling.
 
+    **Arguments:**
+    - `tree`: a pytree (dicts, lists, tuples, ...) whose torch tensors (CPU or `jax` device) are converted; other
+      leaves are kept.
+
+    **Returns:** `tree` with each tensor replaced by a `jax.Array` of its dtype.
+
     **Example:**
         ```python
         t = torch.arange(6.0).reshape(2, 3)
@@ -407,9 +438,15 @@ def to_torch(tree: Any) -> Any:
 
     The tensors are copies: writing to them in place never changes the JAX arrays.
 
+    **Arguments:**
+    - `tree`: a pytree whose `jax.Array`s and `JaxTensor`s are converted; other leaves are kept.
+
+    **Returns:** `tree` with each array replaced by a CPU `torch.Tensor` (a copy).
+
     **Example:**
         ```python
-        t = jaxtorch.to_torch({"w": jnp.ones(3)})   # {"w": tensor([1., 1., 1.])}
+        t = jaxtorch.to_torch({"w": jnp.ones(3)})
+        assert t["w"].device.type == "cpu" and t["w"].tolist() == [1.0, 1.0, 1.0]
         ```
     """
     return tree_map(_to_torch_leaf, tree)

@@ -72,7 +72,24 @@ def install_dispatch(fn: Callable) -> None:
 
 
 class JaxTensor(torch.Tensor):
-    """A torch tensor on the `jax` device holding a `jax.Array` or tracer."""
+    """A torch tensor on the `jax` device holding a `jax.Array` or tracer.
+
+    **Arguments:**
+    Tensors are made by torch, not by this constructor: `t.to("jax")`, a factory with `device="jax"`, an op on
+    `jax`-device tensors, `jaxtorch.torch_view(array)`. (`JaxTensor(elem, requires_grad=False, dtype=None)`
+    wraps `elem`, a `jax.Array` or tracer, with `dtype` its torch dtype, inferred by default.)
+
+    **Returns:** a `torch.Tensor` (its `device.type` is `"jax"`); `t.jax()` is its `jax.Array`, `t.cpu()` a CPU
+    copy.
+
+    **Example:**
+        ```python
+        t = torch.arange(4.0).to("jax")
+        assert isinstance(t, jaxtorch.JaxTensor) and t.device.type == "jax"
+        y = (t * 2).sum()                                    # a JAX op
+        assert isinstance(t.jax(), jax.Array) and y.item() == 12.0
+        ```
+    """
 
     _jt_elem: Any
     # a new tensor is a root: these class-level defaults hold until a view or a write sets its own
