@@ -29,7 +29,7 @@ import jax
 from . import _checks
 from ._errors import DataDependentError, MissingKeyError
 from ._executor import OpCall, bind, signature
-from ._precision import matmul_precision
+from ._matmul_precision import matmul_precision
 from ._random import next_key, take_generator
 
 _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"

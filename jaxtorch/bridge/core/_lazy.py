@@ -61,7 +61,7 @@ from jax._src.lax.lax import _convert_element_type
 
 from . import _eager as eager
 from ._executor import ARRAY_TYPES, OpCall, bind, signature
-from ._precision import matmul_precision
+from ._matmul_precision import matmul_precision
 from ._random import next_key, take_generator
 
 # ACTIVE[0]: whether ops on the jax device are recorded. One process-wide switch (torch's

@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..core import _lazy, _random
 from ..core._errors import ControlFlowError
 from ..tensor._tensor import JaxTensor, labelled, root, root_data, write_checks
-from ._remat import _Remat
+from ._remat_jax import _Remat
 
 _TENSOR = object()  # marks where a tensor goes among a body's output leaves
 _guards = threading.local()  # `.stack`: the write guards of the bodies being traced in this thread

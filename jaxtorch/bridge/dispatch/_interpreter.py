@@ -1098,8 +1098,8 @@ FACTORY_KERNELS = _register_factory_kernels()
 
 _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops through `dispatch`
 
-# torch.autocast("jax") kernels; checkpoint hooks; autograd.Function and backward hooks under JAX transformations;
-# torch.cond / while_loop / scan / map on the jax device; torch.amp.GradScaler on the jax device
-from . import _autocast, _checkpointing, _control_flow, _custom_function, _grad_scaler, _hooks  # noqa: E402, F401
+# torch.autocast("jax") kernels; remat (torch.utils.checkpoint) hooks; autograd.Function and backward hooks under
+# JAX transformations; torch.cond / while_loop / scan / map on the jax device; torch.amp.GradScaler on the jax device
+from . import _autocast, _control_flow, _custom_function, _grad_scaler, _hooks, _remat_torch  # noqa: E402, F401
 
 _control_flow.install(JaxDispatchMode)

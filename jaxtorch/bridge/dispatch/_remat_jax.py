@@ -1,4 +1,4 @@
-"""Activation checkpointing under a JAX trace: a checkpointed region becomes one `jax.checkpoint`.
+"""Remat (activation checkpointing) under a JAX trace: a checkpointed region becomes one `jax.checkpoint`.
 
 When `torch.utils.checkpoint.checkpoint(fn, *args)` (or Hugging Face's
 `activation_checkpointing_enable()`, which calls it) runs on jax tensors holding traced values
@@ -18,7 +18,7 @@ The region's random ops draw from the call's key, passed in, so the recomputatio
 the forward's draws. Writes the region makes to tensors from outside it (BatchNorm's running
 statistics) come out of it and land after it. A region that closes over a tensor with an
 autograd history from outside it (not an argument, not a leaf) runs torch's own checkpoint,
-as do eager and lazy values (`_checkpointing`).
+as do eager and lazy values (`_remat_torch`).
 
 Example:
     ```python
@@ -47,7 +47,7 @@ from torch.utils import _pytree as pytree
 from ..core import _lazy, _random, _tracing
 from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, was_written, write, write_checks
 
-FALLBACK = object()  # what `checkpoint` returns when torch's own checkpoint must run instead
+FALLBACK = object()  # what `remat` returns when torch's own checkpoint must run instead
 _TENSOR = object()  # marks where a tensor goes among a region's output leaves
 
 
@@ -313,7 +313,7 @@ class _Remat(torch.autograd.Function):
             return (None, *(labelled(g, d) for g, d in zip(gs, ctx.dtypes)))
 
 
-def checkpoint(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool) -> Any:
+def remat(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool) -> Any:
     """Run `function(*args, **kwargs)` as a `jax.checkpoint` region (see the module docstring);
     returns `FALLBACK` when torch's own checkpoint must run it instead."""
     flat, spec = pytree.tree_flatten((args, kwargs))
