@@ -1100,6 +1100,10 @@ _tensor.install_dispatch(dispatch)  # JaxTensor.__torch_dispatch__ runs ops thro
 
 # torch.autocast("jax") kernels; remat (torch.utils.checkpoint) hooks; autograd.Function and backward hooks under
 # JAX transformations; torch.cond / while_loop / scan / map on the jax device; torch.amp.GradScaler on the jax device
-from . import _autocast, _control_flow, _custom_function, _grad_scaler, _hooks, _remat_torch  # noqa: E402, F401
+from . import _autocast, _remat_torch  # noqa: E402, F401
+
+# isort: split
+# (the order matters: `_remat_torch` wraps `Tensor.register_hook` before `_hooks` does)
+from . import _control_flow, _custom_function, _grad_scaler, _hooks  # noqa: E402, F401
 
 _control_flow.install(JaxDispatchMode)
