@@ -31,7 +31,7 @@ import transformers
 import jaxtorch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._liveness import peak_live_bytes, programs_recorded  # noqa: E402
+from benchmarks._liveness import peak_live_bytes, programs_recorded
 
 
 def _temp_mib(jitted, args) -> float:

@@ -17,10 +17,10 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import zlib  # noqa: E402
+import zlib
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # A parametrised test keeps 1 case in N in the fast tier: N by file (the longest key that starts the node id),
 # `_EVERY_DEFAULT` elsewhere.

@@ -240,7 +240,7 @@ def convolution_backward(
 ):
     """Gradients of `convolution` for input, weight and bias (None where `output_mask` is False)."""
     dtype = jnp.result_type(input.dtype, weight.dtype)
-    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups).astype(dtype)  # noqa: E731
+    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups).astype(dtype)
     gx, gw = _vjp(fn, (input, weight), grad_output)
     gb = None
     if output_mask[2]:
@@ -441,7 +441,7 @@ def avg_pool2d_backward(
         stride,
         padding,
         ceil_mode,
-        count_include_pad,  # noqa: E731
+        count_include_pad,
         divisor_override,
     )
     return _vjp(f, (self,), grad_output)[0]
@@ -458,7 +458,7 @@ def avg_pool3d_backward(
         stride,
         padding,
         ceil_mode,
-        count_include_pad,  # noqa: E731
+        count_include_pad,
         divisor_override,
     )
     return _vjp(f, (self,), grad_output)[0]

@@ -322,8 +322,8 @@ def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
     a = -0.75
 
     def coeffs(t):
-        c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
-        c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
+        c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1
+        c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
         return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
 
     cx, cy = coeffs(ix - x0), coeffs(iy - y0)

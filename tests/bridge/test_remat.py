@@ -384,7 +384,7 @@ def test_dropout_in_a_region_replayed_under_jax_grad():
             self.ckpt, self.lin = ckpt, torch.nn.Linear(16, 16)
 
         def forward(self, x):
-            f = lambda h: torch.nn.functional.dropout(self.lin(h), 0.5, training=True)  # noqa: E731
+            f = lambda h: torch.nn.functional.dropout(self.lin(h), 0.5, training=True)
             return (checkpoint(f, x, use_reentrant=False) if self.ckpt else f(x)).square().sum()
 
     torch.manual_seed(0)
@@ -510,8 +510,8 @@ def test_nested_regions_and_vmap_under_jax_grad():
             self.ckpt, self.a, self.b = ckpt, torch.nn.Linear(5, 5), torch.nn.Linear(5, 5)
 
         def forward(self, x):
-            inner = lambda h: self.b(h).tanh()  # noqa: E731
-            outer = lambda h: checkpoint(inner, self.a(h), use_reentrant=False) if self.ckpt else inner(self.a(h))  # noqa: E731
+            inner = lambda h: self.b(h).tanh()
+            outer = lambda h: checkpoint(inner, self.a(h), use_reentrant=False) if self.ckpt else inner(self.a(h))
             return (checkpoint(outer, x, use_reentrant=False) if self.ckpt else outer(x)).square().sum()
 
     torch.manual_seed(0)

@@ -1043,7 +1043,7 @@ def _no_key() -> jax.Array:
     return jax.random.key(0)
 
 
-def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:  # noqa: A001
+def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:
     """Compile a torch module, a module's bound `forward`, or a function (a forward, a decode
     step, a whole train step) into `jax.jit` programs.
 

@@ -99,7 +99,7 @@ class JaxProcessGroup(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._jax_group_desc
 
-    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+    def getBackendName(self) -> str:  # (torch's name)
         return BACKEND
 
     def name(self) -> str:

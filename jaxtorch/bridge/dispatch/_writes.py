@@ -229,7 +229,7 @@ def refuse_internal_overlap(t: JaxTensor, policy: str = REFUSED) -> None:
     try:
         with jax.ensure_compile_time_eval():
             idx = np.asarray(fn(jax.numpy.arange(base.numel(), dtype=np.int32).reshape(shape)))
-    except Exception:  # noqa: BLE001  (a view of traced arguments: not decided, not refused)
+    except Exception:  # (a view of traced arguments: not decided, not refused)
         return
     if policy == REFUSED:
         for d, n in enumerate(idx.shape):
