@@ -400,8 +400,8 @@ def linear_cross_entropy_batch_chunked(
     else:
         loss, pullback = jax.vjp(f, input, linear_weight, linear_bias)
         gx, gw, gb = pullback(jnp.ones((), loss.dtype))
-    gx = gx.astype(input.dtype) if compute_input_grad else jnp.zeros((0, 0), input.dtype)
-    gw = gw.astype(input.dtype) if compute_linear_weight_grad else jnp.zeros((0, 0), input.dtype)
+    gx = gx.astype(input.dtype) if compute_input_grad and gx is not None else jnp.zeros((0, 0), input.dtype)
+    gw = gw.astype(input.dtype) if compute_linear_weight_grad and gw is not None else jnp.zeros((0, 0), input.dtype)
     gb = gb.astype(input.dtype) if compute_linear_bias_grad and gb is not None else jnp.zeros((0,), input.dtype)
     return loss, gx, gw, gb
 

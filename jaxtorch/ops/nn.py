@@ -145,6 +145,7 @@ def _depthwise(x, w, stride, padding, dilation):
         piece = lax.slice(xp, (0, *start, 0), (batch, *limit, c_out), (1, *stride, 1))
         term = piece * wf[(slice(None), 0) + tap]
         out = term if out is None else out + term
+    assert out is not None  # (a kernel has at least one tap)
     return jnp.transpose(out, tuple(np.argsort(perm)))
 
 

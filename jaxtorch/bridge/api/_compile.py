@@ -954,7 +954,7 @@ def _refusing_untracked_writes(target):
         stack.pop()
 
 
-def _refuse_untracked_write(t: JaxTensor) -> None:
+def _refuse_untracked_write(t: torch.Tensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return

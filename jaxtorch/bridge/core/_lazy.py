@@ -547,7 +547,7 @@ def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], 
         _M.compiles += 1  # runs once per trace
         its = (iter(kept), iter(donated), iter(baked), _weak_scalars(floats))
         leaves = [next(its[h]) for h in how]
-        vals = []
+        vals: list[list[Any]] = []
         for fn, refs, name in plan:
             args = [leaves[-1 - r] if type(r) is int else vals[r[0]][r[1]] for r in refs]
             with jax.named_scope(name):

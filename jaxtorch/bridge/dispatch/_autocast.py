@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -54,7 +55,7 @@ class _Probe(torch.Tensor):
         return torch.Tensor._make_wrapper_subclass(cls, (2, 2), dtype=dtype, device=torch.device("cpu"))
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:  # type: ignore[override]
         raise _Stop(func, args, kwargs or {})
 
 

@@ -79,7 +79,7 @@ class _Guard:
         self.trace, self.inner, self.where = trace, {id(x) for x in inner}, where
         self.thread = threading.get_ident()
 
-    def __call__(self, t: JaxTensor) -> None:
+    def __call__(self, t: torch.Tensor) -> None:
         stack = getattr(_guards, "stack", None)
         if not isinstance(t, JaxTensor) or threading.get_ident() != self.thread or not stack or stack[-1] is not self:
             return  # (a CPU tensor; another thread; the innermost body's guard decides)
@@ -194,7 +194,7 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in leaves]
         info["out_dtypes"] = [o.dtype for o in tensors]
         info["grad_inputs"] = [r for r in reads.roots.values() if grad_on and r.requires_grad and _float(r.dtype)]
-        return [o._raw() for o in tensors]
+        return [o._raw() for o in tensors if isinstance(o, JaxTensor)]  # (every one: checked above)
 
     closed, shapes = jax.make_jaxpr(region, return_shape=True)(*[s for s, _, _ in specs])
     body = _Body(

@@ -76,7 +76,7 @@ class _Writes:
         """Whether `data` is a value of the region's own trace."""
         return isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is self.trace
 
-    def __call__(self, t: JaxTensor) -> None:
+    def __call__(self, t: torch.Tensor) -> None:
         if not isinstance(t, JaxTensor) or threading.get_ident() != self.thread:
             return  # (a CPU tensor: the write rule's; another thread's write)
         r = root(t)
@@ -192,15 +192,15 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
         trace = _jax_core.trace_ctx.trace
         start = torch._C._autograd._get_sequence_nr()  # (autograd nodes made from here on are the region's)
         inner = [labelled(a, t.dtype) for a, t in zip(arrays, inputs)]
-        given = list(inner)  # what the function gets: a non-leaf argument requiring grad stays one
+        given: list[torch.Tensor] = list(inner)  # what the function gets: a non-leaf argument requiring grad stays one
         for j, (x, t) in enumerate(zip(inner, inputs)):
             if grad_on and t.requires_grad:
                 x.requires_grad_(True)
                 if not t.is_leaf:
                     given[j] = x.clone()
         leaves = list(flat)
-        for i, x in zip(at, given):
-            leaves[i] = x
+        for i, g in zip(at, given):
+            leaves[i] = g
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         writes = _Writes(trace)
         write_checks.append(writes)
@@ -214,9 +214,9 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
             written = writes.take()
             hooked = regions.pop()
         out_leaves, info["out_spec"] = pytree.tree_flatten(out)
-        tensors = [o for o in out_leaves if isinstance(o, torch.Tensor)]
-        if any(not isinstance(o, JaxTensor) for o in tensors):
+        if any(isinstance(o, torch.Tensor) and not isinstance(o, JaxTensor) for o in out_leaves):
             raise TypeError("jaxtorch: a checkpointed function returned a tensor not on the jax device.")
+        tensors = [o for o in out_leaves if isinstance(o, JaxTensor)]
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in out_leaves]
         info["out_dtypes"] = [o.dtype for o in tensors]
         info["written"] = [(r, old) for r, old, _ in written]

@@ -224,11 +224,12 @@ class CheckpointFunction(_OriginalFunction):
 _torch_checkpoint: list[Callable] = []  # torch's checkpoint as its wrapper would call it (made on first use)
 
 
-def _original(*args, **kwargs):
+def _original(*args: Any, **kwargs: Any) -> Any:
     if not _torch_checkpoint:
         import torch._dynamo
 
-        _torch_checkpoint.append(torch._dynamo.disable(_tc.checkpoint.__wrapped__, True, wrapping=False))
+        wrapped = _tc.checkpoint.__wrapped__  # type: ignore[attr-defined]  # (torch decorates it at runtime)
+        _torch_checkpoint.append(torch._dynamo.disable(wrapped, True, wrapping=False))
     return _torch_checkpoint[0](*args, **kwargs)
 
 
