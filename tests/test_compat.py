@@ -55,7 +55,7 @@ def _kernel_at(op: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
 
 
-# ---- remat (torch's activation checkpointing) -------------------------------------------------------------------
+# ---- remat (torch's activation checkpointing) ---------------------------------------------------
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -693,7 +693,7 @@ def test_regions_traced_in_two_threads_keep_their_own_state_writes():
     the unchecked forward's statistics (one update) and the same gradients.
 
     (Two threads each running `loss.backward()` inside jaxtorch.jit at once fail with JAX's
-    UnexpectedTracerError with or without checkpointing: torch runs both backwards on one
+    UnexpectedTracerError with or without remat: torch runs both backwards on one
     autograd thread, which adopts the trace last published. Not covered here.)"""
     import threading
 
