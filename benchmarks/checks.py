@@ -23,11 +23,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import jax
+import torch
+import torch.nn.functional as F
 
-import jaxtorch  # noqa: E402
+import jaxtorch
 
 
 class TinyLM(torch.nn.Module):

@@ -92,7 +92,7 @@ def _resnet18(model: ResNet18, train: bool) -> tuple[dict, Callable]:
 
     def fn(params, x):
         stats = []
-        cb = lambda p, x, s, pad: _apply_conv_bn(p, x, s, pad, 1, 0.1, 1e-5, stats)  # noqa: E731
+        cb = lambda p, x, s, pad: _apply_conv_bn(p, x, s, pad, 1, 0.1, 1e-5, stats)
         x = jax.nn.relu(cb(params["stem"], x, 2, 3))
         x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), [(0, 0), (1, 1), (1, 1), (0, 0)])
         for p, s in zip(params["blocks"], strides):
@@ -176,6 +176,6 @@ def with_torch_layout(params: dict, fn: Callable) -> tuple[dict, Callable]:
 
     **Returns:** `(params_oihw, fn_oihw)`.
     """
-    to_oihw = lambda a: a.transpose(3, 2, 0, 1) if a.ndim == 4 else a  # noqa: E731
-    to_hwio = lambda a: a.transpose(2, 3, 1, 0) if a.ndim == 4 else a  # noqa: E731
+    to_oihw = lambda a: a.transpose(3, 2, 0, 1) if a.ndim == 4 else a
+    to_hwio = lambda a: a.transpose(2, 3, 1, 0) if a.ndim == 4 else a
     return jax.tree_util.tree_map(to_oihw, params), lambda p, x: fn(jax.tree_util.tree_map(to_hwio, p), x)

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from _memory import _peak, _reset_peak, _rss  # noqa: E402  (benchmarks/ is the script's folder)
+from _memory import _peak, _reset_peak, _rss  # (benchmarks/ is the script's folder)
 
 VARIANTS = {  # name -> (checkpoint, from_pretrained keyword arguments as JSON, enable_globally, then .to("jax"))
     "cpu": ("single", {}, False, False),

@@ -39,10 +39,10 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax.numpy as jnp  # noqa: E402
-import torch  # noqa: E402
+import jax.numpy as jnp
+import torch
 
-import jaxtorch  # noqa: E402
+import jaxtorch
 
 _clock = [time.perf_counter]
 

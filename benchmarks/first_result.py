@@ -72,12 +72,12 @@ def _model(name: str):
         model = gpt2(int(name.partition(":")[2] or 12))
         x = torch.randint(0, 8192, (8, 128), generator=torch.Generator().manual_seed(0))
         labels = x
-        out = lambda o: o.logits  # noqa: E731
+        out = lambda o: o.logits
     else:
         model = cnn("resnet18")
         x = torch.randn(8, 3, 112, 112, generator=torch.Generator().manual_seed(0))
         labels = torch.arange(8)
-        out = lambda o: o  # noqa: E731
+        out = lambda o: o
 
     def loss(logits, labels):  # mean cross entropy of every position against its label
         logits = logits.reshape(-1, logits.shape[-1]).astype(jnp.float32)

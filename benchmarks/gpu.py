@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from models import gpt2  # noqa: E402
+from models import gpt2
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script
 

@@ -39,12 +39,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import torch  # noqa: E402
+import jax
+import torch
 
-import jaxtorch  # noqa: E402
-import jaxtorch.xla as xm  # noqa: E402
-from benchmarks.models import gpt2  # noqa: E402
+import jaxtorch
+import jaxtorch.xla as xm
+from benchmarks.models import gpt2
 
 
 def make(layers: int, seq: int, device: str, width: int = 256):

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from _memory import _peak, _reset_peak, _rss  # noqa: E402  (benchmarks/ is the script's folder)
+from _memory import _peak, _reset_peak, _rss  # (benchmarks/ is the script's folder)
 
 TP_RULES = [
     (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$", ("model", None)),

@@ -28,9 +28,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-import jaxtorch  # noqa: E402
+import jaxtorch
 
 _clock = [time.perf_counter]
 

@@ -23,9 +23,9 @@ import jax
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import interleaved  # noqa: E402
+from run import interleaved
 
-import jaxtorch  # noqa: E402
+import jaxtorch
 
 
 def main() -> None:

@@ -32,9 +32,9 @@ import optax
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from models import MLP, gpt2, mlp_jax  # noqa: E402
+from models import MLP, gpt2, mlp_jax
 
-import jaxtorch  # noqa: E402
+import jaxtorch
 
 ROWS: list[tuple[str, str, str, str]] = []
 # glibc: serve large blocks from one heap and keep freed memory instead of mmap/munmap per block
@@ -54,10 +54,10 @@ def interleaved(a, b, n: int, warmup: int = 3) -> tuple[float, float]:
     for _ in range(n):
         t0 = time.perf_counter()
         a()
-        ta.append(time.perf_counter() - t0)  # noqa: E702
+        ta.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         b()
-        tb.append(time.perf_counter() - t0)  # noqa: E702
+        tb.append(time.perf_counter() - t0)
     return statistics.median(ta), statistics.median(tb)
 
 
@@ -127,7 +127,7 @@ def _first_touch_seconds_per_byte() -> float:
     faults of memory that malloc maps anew, ~0 with --tuned-malloc), per byte."""
     n = 64 * 2**20 // 4
     kept = np.empty(n, np.float32)
-    fresh = lambda: np.empty(n, np.float32).fill(1)  # noqa: E731
+    fresh = lambda: np.empty(n, np.float32).fill(1)
     t_fresh, t_kept = interleaved(fresh, lambda: kept.fill(1), 10)
     return max(t_fresh - t_kept, 0.0) / (4 * n)
 

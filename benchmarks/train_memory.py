@@ -66,7 +66,6 @@ def child(preset: str, config: str, steps: int) -> dict:
     import transformers
     from transformers.models.llama import modeling_llama  # noqa: F401  (transformers imports lazily)
 
-    import jaxtorch  # noqa: F401
     from jaxtorch.train import make_train_step
 
     base = _rss()

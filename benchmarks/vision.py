@@ -72,7 +72,7 @@ def hlo_counts(text: str) -> dict[str, int]:
     lines = text.splitlines()
     entry = text[text.index("\nENTRY") :].splitlines()
     relayouts = sum(1 for ln in entry if re.search(r"%(transpose|copy)[\w.-]* = ", ln))
-    count = lambda op: sum(1 for ln in lines if re.search(rf"= \S+ {op}\(", ln))  # noqa: E731
+    count = lambda op: sum(1 for ln in lines if re.search(rf"= \S+ {op}\(", ln))
     conv_fusions = sum(1 for ln in lines if re.search(r"ynn_fusion[.\d]* = ", ln))
     return {
         "entry relayouts": relayouts,

@@ -10,7 +10,7 @@ The order matters where one step relies on another:
   generator, the module moves) and the C++ device guard must be in place before any backward;
 - the lowerings' kernels after `jaxtorch.ops` is imported (importing it fills the registry), and
   the backend kernels after them (one kernel per lowered factory);
-- the activation-checkpointing note on `register_hook` (`remat`) before the backward hooks, which
+- the remat note on `register_hook` (`remat-hooks`) before the backward hooks, which
   wrap whatever `Tensor.register_hook` is then (so both run);
 - `torch.cond`/`while_loop` after the interpreter's dispatch, which their kernels call.
 
@@ -31,7 +31,6 @@ from .bridge.api import _exported
 from .bridge.core import _pytrees, _registry
 from .bridge.dispatch import (
     _autocast,
-    _checkpointing,
     _collectives,
     _control_flow,
     _custom_function,
@@ -39,7 +38,8 @@ from .bridge.dispatch import (
     _grad_scaler,
     _hooks,
     _interpreter,
-    _remat,
+    _remat_jax,
+    _remat_torch,
 )
 from .bridge.state import _moves
 from .bridge.tensor import _autograd, _convert, _device, _generator, _serialization, _tensor
@@ -125,9 +125,9 @@ INSTALLS: tuple[Install, ...] = (
         _autocast.install,
     ),
     Install(
-        "remat",
+        "remat-hooks",
         "torch.Tensor.register_hook / retain_grad: noted while a checkpointed region is traced",
-        _remat.install,
+        _remat_jax.install,
     ),
     Install(
         "custom-function",
@@ -135,10 +135,10 @@ INSTALLS: tuple[Install, ...] = (
         _custom_function.install,
     ),
     Install(
-        "checkpoint",
+        "remat",
         "torch.utils.checkpoint: its non-reentrant generator, CheckpointFunction and checkpoint's "
         "dynamo-disabled target",
-        _checkpointing.install,
+        _remat_torch.install,
     ),
     Install(
         "grad-scaler",

@@ -17,10 +17,10 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import zlib  # noqa: E402
+import zlib
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # A parametrised test keeps 1 case in N in the fast tier: N by file (the longest key that starts the node id),
 # `_EVERY_DEFAULT` elsewhere.
@@ -40,7 +40,7 @@ _EVERY_PLAIN: dict[str, int] = {
     f"tests/{name}.py": 3
     for name in (
         "bridge/test_api",
-        "bridge/test_checkpointing",
+        "bridge/test_remat",
         "bridge/test_device_guard",
         "bridge/test_errors",
         "bridge/test_foreach",
@@ -88,7 +88,7 @@ _HEAVY: tuple[str, ...] = (
     "tests/bridge/test_device_guard.py::test_first_import_compiles_once_under_concurrent_imports",
     "tests/bridge/test_device_guard.py::test_without_a_compiler",
     "tests/ops/test_rnn.py::test_pytorch_first",
-    "tests/bridge/test_checkpointing.py::test_hf_gradient_checkpointing",
+    "tests/bridge/test_remat.py::test_hf_remat",
 )
 
 # Files whose single tests are the longest of the suite, run first in any run (their order among themselves

@@ -29,7 +29,7 @@ import jaxtorch
 from jaxtorch.bridge.api import _jax_module
 from jaxtorch.bridge.core import _registry as registry
 from jaxtorch.bridge.core._errors import JaxtorchError, TorchVersionError
-from jaxtorch.bridge.dispatch import _autocast, _checkpointing, _custom_function, _remat
+from jaxtorch.bridge.dispatch import _autocast, _custom_function, _remat_jax, _remat_torch
 
 aten = torch.ops.aten
 
@@ -55,7 +55,7 @@ def _kernel_at(op: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
 
 
-# ---- activation checkpointing -------------------------------------------------------------------
+# ---- remat (torch's activation checkpointing) ---------------------------------------------------
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -83,9 +83,9 @@ def test_checkpoint_reaches_the_wrapped_recomputation_and_gradients_match(reentr
     block = _Block().to("jax")
     x = torch.randn(3, 4).to("jax").requires_grad_()  # (torch's reentrant mode needs an input that does)
     want = _dropout_grads(block, x, None)
-    before = dict(_checkpointing._REACHED)
+    before = dict(_remat_torch._REACHED)
     got = _dropout_grads(block, x, reentrant)
-    reached = {k: _checkpointing._REACHED[k] - before[k] for k in before}
+    reached = {k: _remat_torch._REACHED[k] - before[k] for k in before}
     assert reached["checkpoint"] == 1
     assert reached["reentrant" if reentrant else "generator"] == 1, reached
     for g, w in zip(got, want):
@@ -93,15 +93,15 @@ def test_checkpoint_reaches_the_wrapped_recomputation_and_gradients_match(reentr
 
 
 def test_the_generator_wrapped_is_the_one_torch_calls():
-    names = [n for n in _checkpointing.GENERATORS if getattr(getattr(tc, n, None), "_jaxtorch", False)]
-    assert len(names) == 1 and not _checkpointing._UNKNOWN
+    names = [n for n in _remat_torch.GENERATORS if getattr(getattr(tc, n, None), "_jaxtorch", False)]
+    assert len(names) == 1 and not _remat_torch._UNKNOWN
     with counting(tc, names[0]) as calls:
         _dropout_grads(_Block().to("jax"), torch.randn(2, 4).to("jax"), False)
     assert calls[0] == 1
 
 
 def test_checkpoint_refuses_jax_tensors_when_the_generator_is_unknown(monkeypatch):
-    monkeypatch.setattr(_checkpointing, "_UNKNOWN", ["this torch's checkpoint calls none of ..."])
+    monkeypatch.setattr(_remat_torch, "_UNKNOWN", ["this torch's checkpoint calls none of ..."])
     x = torch.randn(2, 4).to("jax")
     with pytest.raises(TorchVersionError, match="calls none of"):
         tc.checkpoint(torch.tanh, x, use_reentrant=False)
@@ -111,15 +111,15 @@ def test_checkpoint_refuses_jax_tensors_when_the_generator_is_unknown(monkeypatc
 
 def test_remat_notes_hooks_registered_through_the_public_methods():
     t = torch.ones(2, requires_grad=True) * 2
-    _remat._hooks.regions = [False, False]
+    _remat_jax._hooks.regions = [False, False]
     try:
         t.register_hook(lambda g: g)
-        assert _remat._hooks.regions == [False, True]
-        _remat._hooks.regions = [False]
+        assert _remat_jax._hooks.regions == [False, True]
+        _remat_jax._hooks.regions = [False]
         t.retain_grad()
-        assert _remat._hooks.regions == [True]
+        assert _remat_jax._hooks.regions == [True]
     finally:
-        _remat._hooks.regions = []
+        _remat_jax._hooks.regions = []
 
 
 # ---- autograd: Function.apply and module backward hooks ----------------------------------------

@@ -23,13 +23,13 @@ from jaxtorch import _install
 from jaxtorch.bridge.api import _exported
 from jaxtorch.bridge.core import _lazy, _pytrees, _registry
 from jaxtorch.bridge.dispatch import (
-    _checkpointing,
     _collectives,
     _control_flow,
     _custom_function,
     _grad_scaler,
     _hooks,
     _interpreter,
+    _remat_torch,
     _routing,
 )
 from jaxtorch.bridge.tensor import _autograd, _generator, _tensor
@@ -132,7 +132,7 @@ def _autocast() -> None:
         assert (a @ a).dtype == torch.bfloat16
 
 
-def _remat() -> None:
+def _remat_hooks_step() -> None:
     assert hasattr(torch.Tensor.retain_grad, "__wrapped__")
 
 
@@ -140,11 +140,11 @@ def _custom_function_step() -> None:
     assert torch.autograd.Function.__dict__["apply"].__func__ is _custom_function._apply
 
 
-def _checkpoint() -> None:
-    assert torch_checkpoint.CheckpointFunction is _checkpointing.CheckpointFunction
-    wrapped = [n for n in _checkpointing.GENERATORS if getattr(getattr(torch_checkpoint, n, None), "_jaxtorch", False)]
+def _remat_step() -> None:
+    assert torch_checkpoint.CheckpointFunction is _remat_torch.CheckpointFunction
+    wrapped = [n for n in _remat_torch.GENERATORS if getattr(getattr(torch_checkpoint, n, None), "_jaxtorch", False)]
     assert len(wrapped) == 1
-    assert torch_checkpoint.checkpoint.__wrapped__.__dynamo_disable is _checkpointing.checkpoint
+    assert torch_checkpoint.checkpoint.__wrapped__.__dynamo_disable is _remat_torch.checkpoint
 
 
 def _grad_scaler_step() -> None:
@@ -199,9 +199,9 @@ CHECKS = {
     "tensor-dispatch": _tensor_dispatch,
     "foreach": _foreach,
     "autocast": _autocast,
-    "remat": _remat,
+    "remat-hooks": _remat_hooks_step,
     "custom-function": _custom_function_step,
-    "checkpoint": _checkpoint,
+    "remat": _remat_step,
     "grad-scaler": _grad_scaler_step,
     "hooks": _hooks_step,
     "control-flow": _control_flow_step,

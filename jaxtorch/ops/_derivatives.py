@@ -133,6 +133,7 @@ def torch_derivative(rule: Rule, wrt: str | Sequence[str] | None = None) -> Call
 
                     _, t_rest = jax.jvp(of_rest, [primals[i] for i in rest], [tangents[i] for i in rest])
                     t_out = jax.tree_util.tree_map(_add, t_out, t_rest, is_leaf=lambda x: x is None)
+                tree: Any  # (a PyTreeDef: jaxlib ships no stub for it, so mypy cannot see its methods)
                 out_leaves, tree = jax.tree_util.tree_flatten(out)
                 t_leaves = tree.flatten_up_to(type(out)(t_out)) if isinstance(out, (tuple, list)) else [t_out]
                 t_leaves = [

@@ -84,7 +84,7 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
         return tuple(jax.lax.broadcast_shapes(*shapes))
 
 
-def broadcast_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def broadcast_to(x: jax.Array | np.ndarray, shape: tuple[int, ...]) -> jax.Array | np.ndarray:
     """NumPy-style broadcast of `x` to `shape` as one `lax.broadcast_in_dim`."""
     if x.shape == shape:
         return x
@@ -189,6 +189,7 @@ def elementwise(promote: str = DEFAULT, n: int | None = None) -> Callable:
             out = fn(*args, **kwargs)
             if promote == ALWAYS_BOOL:
                 return out.astype(np.bool_) if out.dtype != np.bool_ else out
+            want: np.dtype | None
             if promote == COMPLEX_TO_FLOAT:
                 want = to_real(compute)
             elif promote == BOOL_TO_LONG and category(compute) == _BOOL:

@@ -45,7 +45,7 @@ from ..bridge.core._errors import CollectiveError
 from ..bridge.core._registry import register
 
 if torch.distributed.is_available():
-    import torch.distributed._functional_collectives  # noqa: F401  (defines `_wrap_tensor_autograd`)
+    import torch.distributed._functional_collectives  # (defines `_wrap_tensor_autograd`)
 
 c10d = torch.ops._c10d_functional
 Axes = tuple[str, ...]

@@ -502,7 +502,7 @@ def _clamp(x, lo, hi):
 
 @register(aten.clamp.default, aten.clamp.Tensor, aten.clip.default, aten.clip.Tensor)
 @elementwise(DEFAULT)
-def clamp(x, min=None, max=None):  # noqa: A002
+def clamp(x, min=None, max=None):
     """`min(max(x, min), max)`; if `min > max` every element becomes `max`."""
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
@@ -511,14 +511,14 @@ def clamp(x, min=None, max=None):  # noqa: A002
 
 @register(aten.clamp_min.default, aten.clamp_min.Tensor)
 @elementwise(DEFAULT)
-def clamp_min(x, min):  # noqa: A002
+def clamp_min(x, min):
     """`clamp(x, min=min)`."""
     return _clamp(x, min, None)
 
 
 @register(aten.clamp_max.default, aten.clamp_max.Tensor)
 @elementwise(DEFAULT)
-def clamp_max(x, max):  # noqa: A002
+def clamp_max(x, max):
     """`clamp(x, max=max)`."""
     return _clamp(x, None, max)
 

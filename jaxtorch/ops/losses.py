@@ -175,9 +175,9 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 @register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
     if reduction == 1:  # mean divides by the given total_weight
-        f = lambda x: _nll(x, target, weight, 2, ignore_index)[0] / total_weight  # noqa: E731
+        f = lambda x: _nll(x, target, weight, 2, ignore_index)[0] / total_weight
     else:
-        f = lambda x: _nll(x, target, weight, reduction, ignore_index)[0]  # noqa: E731
+        f = lambda x: _nll(x, target, weight, reduction, ignore_index)[0]
     return _vjp(f, (self,), grad_output)[0]
 
 
@@ -327,7 +327,7 @@ def multilabel_margin_loss_forward(self, target, reduction):
 
 @register(aten.multilabel_margin_loss_backward.default)
 def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
-    f = lambda x: multilabel_margin_loss_forward(x, target, reduction)[0]  # noqa: E731
+    f = lambda x: multilabel_margin_loss_forward(x, target, reduction)[0]
     return _vjp(f, (self,), grad_output)[0]
 
 
@@ -360,7 +360,7 @@ def _linear_xent(input, linear_weight, target, linear_bias, weight, reduction, i
 
 def _linear_xent_chunked_op():
     try:
-        import torch.nn.modules.linear_cross_entropy  # noqa: F401  (defines the torch_nn ops)
+        import torch.nn.modules.linear_cross_entropy  # (defines the torch_nn ops)
     except ImportError:  # an older torch without F.linear_cross_entropy
         return None, None
     ns = torch.ops.torch_nn
@@ -394,14 +394,14 @@ def linear_cross_entropy_batch_chunked(
     """
     if label_smoothing > 0.0:
         raise NotImplementedError("linear_cross_entropy does not support label smoothing")
-    f = lambda x, w, b: _linear_xent(x, w, target, b, weight, reduction, ignore_index)  # noqa: E731
+    f = lambda x, w, b: _linear_xent(x, w, target, b, weight, reduction, ignore_index)
     if not (compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad):
         loss, (gx, gw, gb) = f(input, linear_weight, linear_bias), (None, None, None)
     else:
         loss, pullback = jax.vjp(f, input, linear_weight, linear_bias)
         gx, gw, gb = pullback(jnp.ones((), loss.dtype))
-    gx = gx.astype(input.dtype) if compute_input_grad else jnp.zeros((0, 0), input.dtype)
-    gw = gw.astype(input.dtype) if compute_linear_weight_grad else jnp.zeros((0, 0), input.dtype)
+    gx = gx.astype(input.dtype) if compute_input_grad and gx is not None else jnp.zeros((0, 0), input.dtype)
+    gw = gw.astype(input.dtype) if compute_linear_weight_grad and gw is not None else jnp.zeros((0, 0), input.dtype)
     gb = gb.astype(input.dtype) if compute_linear_bias_grad and gb is not None else jnp.zeros((0,), input.dtype)
     return loss, gx, gw, gb
 
@@ -489,7 +489,7 @@ def _ctc_bwd(blank, zero_infinity, res, cotangents):
     # the true gradient (the second term) plus exp(lp), i.e. it assumes lp = log_softmax(logits).
     log_probs, labels, input_lengths, target_lengths, nll = res
     g = cotangents[0]
-    f = lambda lp: _ctc_forward(lp, labels, input_lengths, target_lengths, blank)[0]  # noqa: E731
+    f = lambda lp: _ctc_forward(lp, labels, input_lengths, target_lengths, blank)[0]
     (true_grad,) = _vjp(f, (log_probs,), g)
     live = jnp.arange(log_probs.shape[0])[:, None, None] < input_lengths[None, :, None]
     grad = true_grad + jnp.where(live, jnp.exp(log_probs) * g[None, :, None], 0)
@@ -533,5 +533,5 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_i
 def _ctc_loss_backward(
     grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
 ):
-    f = lambda lp: _ctc_loss(lp, targets, input_lengths, target_lengths, blank, zero_infinity)[0]  # noqa: E731
+    f = lambda lp: _ctc_loss(lp, targets, input_lengths, target_lengths, blank, zero_infinity)[0]
     return _vjp(f, (log_probs,), grad)[0]

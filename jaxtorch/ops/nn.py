@@ -145,6 +145,7 @@ def _depthwise(x, w, stride, padding, dilation):
         piece = lax.slice(xp, (0, *start, 0), (batch, *limit, c_out), (1, *stride, 1))
         term = piece * wf[(slice(None), 0) + tap]
         out = term if out is None else out + term
+    assert out is not None  # (a kernel has at least one tap)
     return jnp.transpose(out, tuple(np.argsort(perm)))
 
 
@@ -240,7 +241,7 @@ def convolution_backward(
 ):
     """Gradients of `convolution` for input, weight and bias (None where `output_mask` is False)."""
     dtype = jnp.result_type(input.dtype, weight.dtype)
-    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups).astype(dtype)  # noqa: E731
+    fn = lambda x, w: _conv(x, w, stride, padding, dilation, transposed, output_padding, groups).astype(dtype)
     gx, gw = _vjp(fn, (input, weight), grad_output)
     gb = None
     if output_mask[2]:
@@ -441,7 +442,7 @@ def avg_pool2d_backward(
         stride,
         padding,
         ceil_mode,
-        count_include_pad,  # noqa: E731
+        count_include_pad,
         divisor_override,
     )
     return _vjp(f, (self,), grad_output)[0]
@@ -458,7 +459,7 @@ def avg_pool3d_backward(
         stride,
         padding,
         ceil_mode,
-        count_include_pad,  # noqa: E731
+        count_include_pad,
         divisor_override,
     )
     return _vjp(f, (self,), grad_output)[0]

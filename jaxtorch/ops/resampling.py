@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -272,7 +273,8 @@ def _weighted_taps(input, coords, weights=None):
     `coords[:, k]` (one (N, K, *G) array per spatial axis, in the order of S), a tap outside the
     image counting zero. All K taps are one gather from the flattened image."""
     N, C, *S = input.shape
-    inside, idx = True, 0
+    inside: Any = True  # (then a boolean array, and the flat index an int32 array)
+    idx: Any = 0
     for c, size in zip(coords, S):
         inside = inside & (c >= 0) & (c <= size - 1)
         idx = idx * size + jnp.clip(c, 0, size - 1).astype(jnp.int32)
@@ -322,8 +324,8 @@ def _grid_sample_bicubic(input, grid, padding_mode, align_corners):
     a = -0.75
 
     def coeffs(t):
-        c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
-        c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
+        c1 = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1
+        c2 = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
         return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
 
     cx, cy = coeffs(ix - x0), coeffs(iy - y0)
@@ -400,7 +402,7 @@ def _fractional_max_pool(x, kernel_size, output_size, random_samples, sample_axe
     k, out = [int(v) for v in kernel_size], [int(v) for v in output_size]
     if any(o + kk - 1 > s + slack for o, kk, s in zip(out, k, S)):
         raise ValueError(f"fractional_max_pool: output_size {out} + kernel_size {k} - 1 is too large for input {S}")
-    idx = 0
+    idx: Any = 0  # (then an array)
     for j, ax in enumerate(sample_axes):
         starts = _fractional_starts(random_samples[..., j], S[ax], out[ax], k[ax])  # (N, C, out[ax])
         pos = starts[..., None] + jnp.arange(k[ax])  # (N, C, out[ax], k[ax])

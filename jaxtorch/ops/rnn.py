@@ -288,10 +288,10 @@ def _recorded(op, lowering: Callable, dropout_at: int | None = None) -> Callable
             dropout, train, layers = args[dropout_at], args[dropout_at + 1], args[dropout_at - 1]
             kwargs = dict(kwargs, key=_key_for(op, dropout, train, layers, None))
         # a CPU `batch_sizes` is host metadata: concrete NumPy, not an input of the differentiated function
-        args = [
+        args = tuple(
             a.numpy() if type(a) is torch.Tensor and a.device.type == "cpu" and not a.is_floating_point() else a
             for a in args
-        ]
+        )
         return vjp_node(lowering, *args, **kwargs)
 
     return recorded

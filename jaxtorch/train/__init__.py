@@ -19,7 +19,7 @@
 from ..bridge.core._errors import ModuleReleasedError
 from ._checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ._load import CheckpointKeysError, CheckpointKeysWarning, load_params
-from ._precision import MixedPrecision
+from ._mixed_precision import MixedPrecision
 from ._sharding import DeviceLoader, data_mesh, shard, shard_batch, shardings
 from ._state import DonatedStateError, TrainState, load_into
 from ._step import make_train_step

@@ -292,7 +292,7 @@ def _torch_entries(path: Path) -> dict[str, Entry]:
     except RuntimeError:  # legacy (non-zip) format cannot be memory-mapped
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001  (torch raises KeyError, UnpicklingError, EOFError, ...)
+        except Exception as e:  # (torch raises KeyError, UnpicklingError, EOFError, ...)
             raise CheckpointError(
                 f"load_params: {path} is not a torch checkpoint that `torch.load(weights_only=True)` can read "
                 f"({type(e).__name__}: {e}); it may be corrupted or truncated"

@@ -98,12 +98,12 @@ def select(params: Mapping[str, Any], trainable: Trainable, buffers: Iterable[st
     """
     buffers = set(buffers)
     if trainable is None:
-        wanted = lambda name, value: True  # noqa: E731
+        wanted = lambda name, value: True
     elif callable(trainable):
         wanted = trainable
     else:
         globs = [trainable] if isinstance(trainable, str) else list(trainable)
-        wanted = lambda name, value: any(fnmatch.fnmatchcase(name, g) for g in globs)  # noqa: E731
+        wanted = lambda name, value: any(fnmatch.fnmatchcase(name, g) for g in globs)
     return {
         name: name not in buffers and jax.numpy.issubdtype(value.dtype, jax.numpy.inexact) and bool(wanted(name, value))
         for name, value in params.items()

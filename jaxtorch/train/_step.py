@@ -37,7 +37,7 @@ from ..bridge.core import _checks
 from ..bridge.state._binding import split_state
 from ..bridge.state._layouts import ConvLayout, to_kernels
 from ..bridge.tensor._convert import tensor_to_jax, to_jax, tree_map
-from ._precision import MixedPrecision, resolve
+from ._mixed_precision import MixedPrecision, resolve
 from ._state import Trainable, TrainState, check_not_donated, select
 
 Remat = None | bool | str | Callable
@@ -366,7 +366,7 @@ def make_train_step(
     state_names = list(fn._state_spec)
     kernels = fn._kernels
     policy = resolve(mixed_precision)
-    checkpoint_policy = None if remat is None or remat is False else remat_policy(remat)
+    remat_saveable = None if remat is None or remat is False else remat_policy(remat)
 
     # init's own strong reference to the module, dropped after its first call (see `_release`)
     held: list[torch.nn.Module] = [model]
@@ -409,8 +409,8 @@ def make_train_step(
         scaled = loss * policy.loss_scale if policy is not None and policy.loss_scale else loss
         return scaled, (loss, written)
 
-    if checkpoint_policy is not None:
-        loss_and_state = jax.checkpoint(loss_and_state, policy=checkpoint_policy)
+    if remat_saveable is not None:
+        loss_and_state = jax.checkpoint(loss_and_state, policy=remat_saveable)
     value_and_grad = jax.value_and_grad(loss_and_state, has_aux=True)
 
     def grads_of(trained: Any, frozen: Any, state: Any, inputs: Any, targets: Any, key: Any) -> Any:

@@ -81,7 +81,7 @@ def _jit_torch_arg():
     x = torch.ones(1, 2)
     try:
         out = jax.jit(fn)(params, x)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         clear_error(e, "jaxtorch.to_jax")
     else:
         with torch.no_grad():

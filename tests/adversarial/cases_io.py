@@ -252,7 +252,7 @@ def _bad_offsets():
     start = header["0.weight"]["data_offsets"][0]
     header = {**header, "0.weight": {**header["0.weight"], "data_offsets": [start, start + 4]}}
     path = _write(_with_header(header, raw[8 + n :]))
-    with pytest.raises(Exception):  # noqa: B017  (the reference: the safetensors library refuses too)
+    with pytest.raises(Exception):  # (the reference: the safetensors library refuses too)
         load_file(path)
     _raises_checkpoint_error(lambda: jaxtorch.load_params(m, path), "0.weight")
 
@@ -271,7 +271,7 @@ def _trailing():
     """The safetensors library refuses a file its tensors do not cover (appended to, spliced)."""
     m, raw, _, _ = _saved_bytes()
     path = _write(raw + bytes(8))
-    with pytest.raises(Exception):  # noqa: B017
+    with pytest.raises(Exception):
         load_file(path)
     _raises_checkpoint_error(lambda: jaxtorch.load_params(m, path), "corrupted")
 
@@ -283,7 +283,7 @@ def _gap():
     a, b = header[last]["data_offsets"]
     header = {**header, last: {**header[last], "data_offsets": [a + 8, b + 8]}}
     path = _write(_with_header(header, raw[8 + n : 8 + n + a] + bytes(8) + raw[8 + n + a :]))
-    with pytest.raises(Exception):  # noqa: B017
+    with pytest.raises(Exception):
         load_file(path)
     _raises_checkpoint_error(lambda: jaxtorch.load_params(m, path), last)
 
@@ -966,7 +966,7 @@ def _interrupted():
         with pytest.raises(RuntimeError, match="boom"):
             torch.save({"a": torch.ones(3, device="jax"), "b": Boom()}, path)
     if path.exists():  # (torch leaves the partial file too; it must not load as a checkpoint)
-        with pytest.raises(Exception):  # noqa: B017
+        with pytest.raises(Exception):
             torch.load(path, weights_only=True)
 
 
@@ -979,7 +979,7 @@ def _traced():
         save_file({"x": x}, path)
         return x
 
-    with pytest.raises(Exception) as e:  # noqa: B017
+    with pytest.raises(Exception) as e:
         f(torch.ones(2))
     clear_error(e.value, "trace", "traced")
     assert not path.exists()

@@ -1,4 +1,4 @@
-"""Services torch code calls (issue 23 items 3-5): autocast, activation checkpointing, saving."""
+"""Services torch code calls (issue 23 items 3-5): autocast, remat (activation checkpointing), saving."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class _Block(nn.Module):
 
 for _reentrant in (True, False):
 
-    @case(f"checkpointing/eager/reentrant={_reentrant}")
+    @case(f"remat/eager/reentrant={_reentrant}")
     def _ckpt(use_reentrant=_reentrant):
         torch.manual_seed(0)
         block = _Block()
@@ -79,11 +79,11 @@ for _reentrant in (True, False):
         for g, e in zip(got, expected):
             close(g, e)
 
-    @case(f"checkpointing/jaxtorch_jit/reentrant={_reentrant}")
+    @case(f"remat/jaxtorch_jit/reentrant={_reentrant}")
     def _ckpt_jit(use_reentrant=_reentrant):
         torch.manual_seed(0)
         block = _Block()
-        x = torch.randn(3, 4, requires_grad=True)  # (reentrant checkpointing needs an input that requires grad)
+        x = torch.randn(3, 4, requires_grad=True)  # (reentrant remat needs an input that requires grad)
         expected = torch.autograd.grad(block(x).sum(), list(block.parameters()))
 
         @jaxtorch.jit

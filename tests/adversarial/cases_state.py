@@ -394,7 +394,7 @@ def _threads_fn():
         try:
             for _ in range(5):
                 np.testing.assert_allclose(np.asarray(fn(params, jaxtorch.to_jax(x))), expected, rtol=1e-5, atol=1e-6)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=work) for _ in range(4)]

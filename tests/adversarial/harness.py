@@ -54,7 +54,7 @@ def refuses_or(check: Callable[[], None], *words: str) -> None:
         check()
     except AssertionError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         clear_error(e, *words)
 
 
@@ -106,7 +106,7 @@ def failures() -> dict[str, str]:
     for name, fn in sorted(CASES.items()):
         try:
             fn()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             first = (str(e).strip().splitlines() or [""])[0][:160]
             out[name] = f"{type(e).__name__}: {first}"
     return out

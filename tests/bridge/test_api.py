@@ -28,7 +28,7 @@ def _np(t):
 
 
 def test_call_torch_eager_jit_grad():
-    f = lambda x, y: (x @ y).relu().sum(dim=0)  # noqa: E731
+    f = lambda x, y: (x @ y).relu().sum(dim=0)
     x, y = jnp.arange(6.0).reshape(2, 3) - 2, jnp.ones((3, 2))
     ref = f(torch.tensor(np.asarray(x)), torch.tensor(np.asarray(y)))
     np.testing.assert_allclose(np.asarray(jaxtorch.call_torch(f, x, y)), _np(ref))
@@ -48,7 +48,7 @@ def test_factories_inside_call_torch_are_jax():
 
 def test_vmap_of_call_torch_equals_loop():
     w = jnp.arange(12.0).reshape(3, 4) / 10
-    f = lambda x: jaxtorch.call_torch(lambda t, w: torch.tanh(t @ w).sum(-1), x, w)  # noqa: E731
+    f = lambda x: jaxtorch.call_torch(lambda t, w: torch.tanh(t @ w).sum(-1), x, w)
     xs = jax.random.normal(jax.random.key(0), (5, 2, 3))
     batched = jax.vmap(f)(xs)
     looped = jnp.stack([f(x) for x in xs])
@@ -138,7 +138,7 @@ def test_grad_and_adamw_train_params_only_buffers_and_frozen_bit_identical():
     assert set(fn.state) == {"fc1.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "scale"}
     before = {k: np.array(v) for k, v in fn.state.items()}
     x = jax.random.normal(jax.random.key(0), (6, 4))
-    loss = lambda p: jnp.mean(fn(p, x) ** 2)  # noqa: E731
+    loss = lambda p: jnp.mean(fn(p, x) ** 2)
     opt = optax.adamw(1e-1)
     opt_state = opt.init(params)
     for _ in range(20):

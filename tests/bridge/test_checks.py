@@ -136,7 +136,7 @@ def test_off_by_default_nothing_raises(name):
 
 
 def test_jit_programs_are_keyed_by_the_checks_flag():
-    fn = lambda w, i: F.embedding(i, w)  # noqa: E731
+    fn = lambda w, i: F.embedding(i, w)
     f = jaxtorch.jit(fn)
     w, bad = _W.to("jax"), _t(10).to("jax")
     f(w, bad)  # off: compiled without checks
@@ -154,7 +154,7 @@ def test_extract_checked_eagerly_and_under_jax_jit():
             fn(params, jnp.array([1, 10]))
         # under a jax.jit of your own, the check raises when the program runs (JAX's runtime
         # error, carrying torch's message)
-        with pytest.raises(Exception, match="IndexError: index out of range in self"):  # noqa: PT011
+        with pytest.raises(Exception, match="IndexError: index out of range in self"):
             jax.block_until_ready(jax.jit(fn)(params, jnp.array([1, 10])))
         out = jax.jit(fn)(params, jnp.array([1, 9]))
     want = torch.nn.functional.embedding(torch.tensor([1, 9]), torch.from_numpy(jax.device_get(params["weight"])))

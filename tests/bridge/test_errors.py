@@ -20,7 +20,7 @@ def test_unsupported_op_names_the_op_and_how_to_register():
 
 
 def test_data_dependent_under_jit_is_a_clear_error():
-    f = lambda x: x[x > 0]  # noqa: E731
+    f = lambda x: x[x > 0]
     out = jaxtorch.call_torch(f, jnp.array([1.0, -1.0, 2.0]))  # eager works
     assert out.tolist() == [1.0, 2.0]
     with pytest.raises(jaxtorch.DataDependentError, match="depends on the data"):
@@ -60,7 +60,7 @@ def test_float64_with_x64_off_says_how_to_fix():
 
 
 def test_random_under_jit_without_key_is_an_error():
-    f = lambda x: torch.nn.functional.dropout(x, 0.5, training=True)  # noqa: E731
+    f = lambda x: torch.nn.functional.dropout(x, 0.5, training=True)
     with pytest.raises(jaxtorch.MissingKeyError, match="rng="):
         jax.jit(lambda x: jaxtorch.call_torch(f, x))(jnp.ones(8))
     a = jax.jit(lambda x, k: jaxtorch.call_torch(f, x, rng=k))(jnp.ones(64), jax.random.key(0))
@@ -70,7 +70,7 @@ def test_random_under_jit_without_key_is_an_error():
 
 
 def test_random_factory_inside_call_torch_draws_from_rng():
-    f = lambda x: x + torch.rand(3)  # noqa: E731  (no device: jax by default inside call_torch)
+    f = lambda x: x + torch.rand(3)  # (no device: jax by default inside call_torch)
     run = jax.jit(lambda x, k: jaxtorch.call_torch(f, x, rng=k))
     a, b = run(jnp.zeros(3), jax.random.key(0)), run(jnp.zeros(3), jax.random.key(1))
     assert not (a == b).all()

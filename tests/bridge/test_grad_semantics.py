@@ -564,7 +564,7 @@ def test_outer_grad_mode_is_ignored_as_torch_func_grad_does():
 
 
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
-def test_checkpointed_region_keeps_torchs_meaning(reentrant):
+def test_remat_region_keeps_torchs_meaning(reentrant):
     from torch.utils.checkpoint import checkpoint
 
     def block(t):

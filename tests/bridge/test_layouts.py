@@ -178,7 +178,7 @@ def test_train_step_matches_torch_layout():
     batches = [
         (jnp.asarray(torch.randn(4, 3, 8, 8, generator=g).numpy()), jnp.asarray(np.arange(4) % 3)) for _ in range(3)
     ]
-    xent = lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out, y).mean()  # noqa: E731
+    xent = lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
     results = {}
     for layout in ("torch", "flax"):
         init, step = make_train_step(model, xent, optax.sgd(0.1, momentum=0.9), conv_layout=layout)

@@ -88,7 +88,7 @@ def test_gpt2_adamw_loop_matches_eager_and_stops_compiling():
     steps = 20
     g = torch.Generator().manual_seed(1)
     batches = [(ids, ids) for ids in (torch.randint(0, 128, (2, 16), generator=g) for _ in range(steps))]
-    make = lambda: gpt2(2, width=64, vocab=128, seq=16)  # noqa: E731
+    make = lambda: gpt2(2, width=64, vocab=128, seq=16)
 
     def loss_fn(out, ids):
         return F.cross_entropy(out.logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1))

@@ -253,7 +253,7 @@ def test_equinox_and_optax_step_with_a_frozen_torch_cnn_compiles_once():
 
     @eqx.filter_jit
     def step(model, state, x, y):
-        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()  # noqa: E731
+        loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
         value, grads = eqx.filter_value_and_grad(loss)(model)
         updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
         return eqx.apply_updates(model, updates), state, value
@@ -304,7 +304,7 @@ def test_jax_first_entry_points_take_numpy_and_torch_tensors_with_and_without_ji
 
 
 def test_torch_first_jit_takes_what_eager_torch_takes():
-    f = lambda x: torch.relu(x) * 2  # noqa: E731
+    f = lambda x: torch.relu(x) * 2
     fast = jaxtorch.jit(f)
     t = torch.linspace(-1, 1, 5)
     np.testing.assert_array_equal(fast(t).cpu().numpy(), f(t).numpy())  # CPU tensors: both

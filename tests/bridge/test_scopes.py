@@ -48,8 +48,8 @@ class _Stack(torch.nn.Module):
 
 def test_gradient_barrier_is_the_identity():
     x = jnp.arange(6.0).reshape(2, 3) - 2.0
-    f = lambda x: (jnp.sin(gradient_barrier(x * 2)) ** 2).sum()  # noqa: E731
-    g = lambda x: (jnp.sin(x * 2) ** 2).sum()  # noqa: E731
+    f = lambda x: (jnp.sin(gradient_barrier(x * 2)) ** 2).sum()
+    g = lambda x: (jnp.sin(x * 2) ** 2).sum()
     np.testing.assert_array_equal(gradient_barrier(x), x)
     np.testing.assert_array_equal(jax.grad(f)(x), jax.grad(g)(x))
     np.testing.assert_array_equal(jax.jvp(f, (x,), (jnp.ones_like(x),))[1], jax.jvp(g, (x,), (jnp.ones_like(x),))[1])

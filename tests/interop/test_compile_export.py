@@ -82,7 +82,7 @@ def test_register_custom_op_with_custom_vjp():
 
     scaled_sin.defvjp(lambda x: (scaled_sin(x), x), lambda x, g: (g * 2 * jnp.cos(x) * 10,))  # marked rule
     jaxtorch.register_op(torch.ops.jaxtorch_interop_test.scaled_sin.default, scaled_sin)
-    f = lambda x: torch.ops.jaxtorch_interop_test.scaled_sin(x)  # noqa: E731
+    f = lambda x: torch.ops.jaxtorch_interop_test.scaled_sin(x)
     x = jnp.linspace(0, 1, 5)
     np.testing.assert_allclose(np.asarray(jaxtorch.call_torch(f, x)), 2 * np.sin(np.asarray(x)), rtol=1e-6)
     np.testing.assert_allclose(

@@ -387,7 +387,7 @@ def test_while_loop_lazy():
 
 def test_nested_cond_and_vmap():
     def f(x):
-        inner = lambda x: torch.cond(x.mean() > 1, lambda y: y * 3, lambda y: y.sin(), (x,))  # noqa: E731
+        inner = lambda x: torch.cond(x.mean() > 1, lambda y: y * 3, lambda y: y.sin(), (x,))
         return torch.cond(x.sum() > 0, inner, lambda x: x.cos(), (x,))
 
     xs = np.array([[2.0, 2.0], [0.5, 0.5], [-1.0, -2.0]], np.float32)

@@ -76,7 +76,7 @@ def test_nnx_module_wrapped():
 # ---- issue 30 item 4: nnx state (BatchNorm, Dropout/Rngs), jaxtorch.jit, copies ----
 
 
-from flax import nnx  # noqa: E402
+from flax import nnx
 
 
 class _NnxNet(nnx.Module):
@@ -163,7 +163,7 @@ def test_jax_module_deepcopy_and_torch_save_give_working_copies():
     import copy
     import io
 
-    eqx_linear = lambda: eqx.nn.Linear(4, 3, key=jax.random.key(0))  # noqa: E731
+    eqx_linear = lambda: eqx.nn.Linear(4, 3, key=jax.random.key(0))
     for make, x in ((_nnx_net, torch.randn(8, 4)), (eqx_linear, torch.randn(4))):
         m = jaxtorch.JaxModule(make())
         m(x)  # a train step: state moved on

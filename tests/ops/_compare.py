@@ -16,7 +16,7 @@ def to_jax(t: torch.Tensor):
 
 def run(fn, *tensors, jit=False):
     """`fn` through `jaxtorch.call_torch` on the tensors as JAX arrays, optionally under `jax.jit`."""
-    call = lambda *arrays: jaxtorch.call_torch(fn, *arrays)  # noqa: E731
+    call = lambda *arrays: jaxtorch.call_torch(fn, *arrays)
     return (jax.jit(call) if jit else call)(*[to_jax(t) for t in tensors])
 
 

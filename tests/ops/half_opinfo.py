@@ -37,7 +37,6 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-import jaxtorch  # noqa: F401  (registers the "jax" device)
 from tests.opinfo.harness import entries, entry_id
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -20,7 +20,7 @@ def _run(fn, *tensors, jit=False):
     """(torch CPU result, jaxtorch result as a CPU tensor) of `fn(*tensors)`."""
     ref = fn(*tensors)
     arrays = [jaxtorch.to_jax(t) for t in tensors]
-    call = lambda *a: jaxtorch.call_torch(fn, *a)  # noqa: E731
+    call = lambda *a: jaxtorch.call_torch(fn, *a)
     got = jax.jit(call)(*arrays) if jit else call(*arrays)
     return ref, got
 
@@ -411,7 +411,7 @@ def test_in_place_result_type_rule_matches_cpu(dtype):
         (op,) = param.values
         try:
             samples = [s for s in op.sample_inputs("cpu", dtype) if isinstance(s.input, torch.Tensor)][:1]
-        except Exception:  # noqa: BLE001  (no samples for this dtype)
+        except Exception:  # (no samples for this dtype)
             continue
         for s in samples:
 
@@ -429,7 +429,7 @@ def test_in_place_result_type_rule_matches_cpu(dtype):
                         *[move(a) for a in s.args],
                         **{k: move(v) for k, v in s.kwargs.items()},
                     )
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     return True if _CAST_REFUSED in str(e) else None
                 return False
 

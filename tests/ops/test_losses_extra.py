@@ -52,7 +52,7 @@ def test_multi_margin_loss(p, reduction, weighted):
         y,
         p=p,
         margin=0.7,
-        weight=w if weighted else None,  # noqa: E731
+        weight=w if weighted else None,
         reduction=reduction,
     )
     check(fn, x, y, w, tol=1e-5)
@@ -64,7 +64,7 @@ def test_multilabel_margin_loss(reduction):
     torch.manual_seed(0)
     x = torch.randn(4, 5)
     y = torch.tensor([[3, 0, -1, 1, 2], [1, 1, 4, -1, -1], [-1, 2, 2, 2, 2], [0, 1, 2, 3, 4]])  # repeats count twice
-    fn = lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction)  # noqa: E731
+    fn = lambda x, y: F.multilabel_margin_loss(x, y, reduction=reduction)
     check(fn, x, y, tol=1e-5)
     check(lambda x, y: aten.multilabel_margin_loss_forward(x, y, 1), x, y, tol=1e-6)  # is_target too
     _grad_check(fn, x, y)
@@ -96,7 +96,7 @@ def _ctc_inputs(T=12, N=3, C=5, S=4, seed=0):
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_ctc_loss_padded_targets(reduction):
     lp, targets, il, tl = _ctc_inputs()
-    fn = lambda lp, t: F.ctc_loss(lp, t, il, tl, reduction=reduction)  # noqa: E731
+    fn = lambda lp, t: F.ctc_loss(lp, t, il, tl, reduction=reduction)
     check(fn, lp, targets, tol=1e-4)
     _grad_check(fn, lp, targets)
 
@@ -105,14 +105,14 @@ def test_ctc_loss_concatenated_targets_tensor_lengths_blank():
     lp, targets, il, tl = _ctc_inputs()
     flat = torch.cat([targets[i, :n] for i, n in enumerate(tl)]) - 1  # labels 0..3, blank = 4
     il_t, tl_t = torch.tensor(il), torch.tensor(tl)
-    fn = lambda lp, t, a, b: F.ctc_loss(lp, t, a, b, blank=4, reduction="sum")  # noqa: E731
+    fn = lambda lp, t, a, b: F.ctc_loss(lp, t, a, b, blank=4, reduction="sum")
     check(fn, lp, flat, il_t, tl_t, tol=1e-4)
     _grad_check(fn, lp, flat, il_t, tl_t)
 
 
 def test_ctc_loss_unbatched():
     lp, targets, _, _ = _ctc_inputs()
-    fn = lambda lp, t: F.ctc_loss(lp, t, [10], [4], reduction="none")  # noqa: E731
+    fn = lambda lp, t: F.ctc_loss(lp, t, [10], [4], reduction="none")
     check(fn, lp[:10, 0], targets[0], tol=1e-4)
 
 
@@ -121,7 +121,7 @@ def test_ctc_loss_infeasible_target(zero_infinity):
     """A target longer than the input has infinite loss; zero_infinity makes it (and its gradient) 0."""
     lp, targets, _, _ = _ctc_inputs()
     il, tl = [12, 2, 7], [4, 3, 2]
-    fn = lambda lp, t: F.ctc_loss(lp, t, il, tl, reduction="none", zero_infinity=zero_infinity)  # noqa: E731
+    fn = lambda lp, t: F.ctc_loss(lp, t, il, tl, reduction="none", zero_infinity=zero_infinity)
     check(fn, lp, targets, tol=1e-4)
     if zero_infinity:
         _grad_check(fn, lp, targets)
@@ -157,7 +157,7 @@ def test_linear_cross_entropy_chunked(reduction):
         w,
         y,
         linear_bias=b,
-        weight=cw,  # noqa: E731
+        weight=cw,
         reduction=reduction,
         ignore_index=-100,
         options=opts,
@@ -171,7 +171,7 @@ def test_linear_cross_entropy_chunked(reduction):
 
 def test_linear_cross_entropy_chunked_grads_output():
     """The mean op's precomputed gradients (what torch's backward scales) equal torch's."""
-    import torch.nn.modules.linear_cross_entropy  # noqa: F401
+    import torch.nn.modules.linear_cross_entropy
 
     torch.manual_seed(0)
     x, w, b, y = torch.randn(5, 3), torch.randn(4, 3), torch.randn(4), torch.tensor([0, 3, -100, 1, 1])
@@ -187,7 +187,7 @@ def test_linear_cross_entropy_chunked_grads_output():
         0.0,
         2,
         "none",
-        torch.float32,  # noqa: E731
+        torch.float32,
         True,
         True,
         True,
@@ -211,7 +211,7 @@ def test_embedding_bag_outputs(op, mode, padding_idx, include_last_offset):
     w = torch.randn(10, 3)
     # with include_last_offset the last offset must be len(indices): torch's kernels disagree otherwise
     off = torch.cat([_OFF, torch.tensor([len(_IDX)])]) if include_last_offset else _OFF
-    fn = lambda w, i, o: op(w, i, o, False, mode, False, None, include_last_offset, padding_idx)  # noqa: E731
+    fn = lambda w, i, o: op(w, i, o, False, mode, False, None, include_last_offset, padding_idx)
     check(fn, w, _IDX, off, tol=1e-6)
 
 
@@ -219,7 +219,7 @@ def test_embedding_bag_outputs(op, mode, padding_idx, include_last_offset):
 def test_embedding_bag_functional_grad(mode):
     torch.manual_seed(0)
     w = torch.randn(10, 3)
-    fn = lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, padding_idx=4)  # noqa: E731
+    fn = lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, padding_idx=4)
     check(fn, w, _IDX, _OFF, tol=1e-6)
     _grad_check(fn, w, _IDX, _OFF)
 
@@ -227,7 +227,7 @@ def test_embedding_bag_functional_grad(mode):
 def test_embedding_bag_per_sample_weights_2d_input():
     torch.manual_seed(0)
     w, idx, psw = torch.randn(10, 3), torch.randint(0, 10, (4, 3)), torch.rand(4, 3)
-    fn = lambda w, i, p: F.embedding_bag(i, w, per_sample_weights=p, mode="sum")  # noqa: E731
+    fn = lambda w, i, p: F.embedding_bag(i, w, per_sample_weights=p, mode="sum")
     check(fn, w, idx, psw, tol=1e-6)
     _grad_check(fn, w, idx, psw, argnum=0)
     _grad_check(fn, w, idx, psw, argnum=2)
@@ -254,7 +254,7 @@ def test_embedding_bag_backward_ops_on_jax_device(mode):
 # ---- rrelu ------------------------------------------------------------------------------------
 def test_rrelu_eval_exact():
     x = torch.linspace(-3, 3, 13)
-    fn = lambda x: F.rrelu(x, 0.1, 0.4, training=False)  # noqa: E731
+    fn = lambda x: F.rrelu(x, 0.1, 0.4, training=False)
     check(fn, x, tol=1e-6)
     _grad_check(fn, x)
 
@@ -343,7 +343,7 @@ def test_cross_entropy(case, reduction, weighted, smoothing):
         x,
         y,
         weight=w if weighted else None,
-        reduction=reduction,  # noqa: E731
+        reduction=reduction,
         label_smoothing=smoothing,
     )
     check(fn, x, y, w, tol=1e-5)

@@ -28,7 +28,7 @@ def _jax(t):
 
 
 def _run(fn, *tensors, jit=False):
-    call = lambda *arrays: jaxtorch.call_torch(fn, *arrays)  # noqa: E731
+    call = lambda *arrays: jaxtorch.call_torch(fn, *arrays)
     return (jax.jit(call) if jit else call)(*[_jax(t) for t in tensors])
 
 
@@ -90,7 +90,7 @@ def test_conv(case):
         w,
         b,
         stride=case["stride"],
-        padding=case["padding"],  # noqa: E731
+        padding=case["padding"],
         dilation=case["dilation"],
         groups=g,
     )
@@ -119,7 +119,7 @@ def test_depthwise_conv(case):
         w,
         b,
         stride=case["stride"],
-        padding=case["padding"],  # noqa: E731
+        padding=case["padding"],
         dilation=case["dilation"],
         groups=c,
     )
@@ -150,7 +150,7 @@ def test_conv_transpose(dim, groups, output_padding):
         stride=2,
         padding=1,
         output_padding=output_padding,
-        groups=groups,  # noqa: E731
+        groups=groups,
         dilation=1,
     )
     _both(fn, x, w, tol=1e-4)
@@ -320,7 +320,7 @@ def test_activation_forward_grad_and_device_backward(fn):
 def test_embedding_padding_idx_gets_no_grad():
     w = torch.randn(10, 4)
     idx = torch.tensor([[0, 2, 3], [3, 0, 9]])
-    fn = lambda w: F.embedding(idx, w, padding_idx=3)  # noqa: E731
+    fn = lambda w: F.embedding(idx, w, padding_idx=3)
     _both(fn, w)
     _grad_check(fn, w)
 
@@ -377,7 +377,7 @@ def test_regression_losses(reduction):
 def test_interpolate(mode, align):
     x = torch.randn(2, 3, 5, 7)
     for kw in (dict(size=(8, 11)), dict(scale_factor=1.5), dict(size=(3, 4))):
-        fn = lambda x: F.interpolate(x, mode=mode, align_corners=align, **kw)  # noqa: E731
+        fn = lambda x: F.interpolate(x, mode=mode, align_corners=align, **kw)
         _both(fn, x, tol=1e-4)
         _grad_check(fn, x)
 
@@ -387,7 +387,7 @@ def test_interpolate(mode, align):
 def test_grid_sample(mode, padding_mode):
     x, g = torch.randn(2, 3, 5, 7), torch.rand(2, 4, 6, 2) * 2.4 - 1.2
     for align in (False, True):
-        fn = lambda x: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align)  # noqa: E731
+        fn = lambda x: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align)
         _both(fn, x, tol=1e-4)
 
 
@@ -425,7 +425,7 @@ def test_sdpa(kw, gqa):
         k, v = k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1)
     mask = kw.pop("mask", None)
     m = {"bool": torch.rand(5, 6) > 0.3, "float": torch.randn(2, 1, 5, 6), None: None}[mask]
-    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=gqa, **kw)  # noqa: E731
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=gqa, **kw)
     _both(fn, q, k, v)
     _grad_check(fn, q, k, v)
 
@@ -437,7 +437,7 @@ def test_causal_self_attention_is_one_product_each_way(shape):
     and gradients."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(shape) for _ in range(3))
-    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     _both(fn, q, k, v)
     _grad_check(fn, q, k, v)
     jaxpr = jax.make_jaxpr(lambda *a: jaxtorch.call_torch(fn, *a))(*[_jax(t) for t in (q, k, v)])
@@ -559,7 +559,7 @@ def test_rms_norm_kept_whole_and_differentiable_on_device():
 def test_max_unpool_and_bilinear():
     x = torch.randn(2, 3, 8, 8)
     vals, idx = F.max_pool2d(x, 2, return_indices=True)
-    fn = lambda v: F.max_unpool2d(v, idx, 2, output_size=(8, 8))  # noqa: E731
+    fn = lambda v: F.max_unpool2d(v, idx, 2, output_size=(8, 8))
     _both(fn, vals)
     _grad_check(fn, vals)
     a, b, w, bias = torch.randn(4, 3), torch.randn(4, 5), torch.randn(2, 3, 5), torch.randn(2)

@@ -422,7 +422,7 @@ def test_sum_prod_cumsum_out_compute_in_the_out_dtype():
 
     def run(device):
         x = torch.tensor([1.5, 2.5], device=device)
-        i64 = lambda *s: torch.zeros(*s, dtype=torch.int64, device=device)  # noqa: E731
+        i64 = lambda *s: torch.zeros(*s, dtype=torch.int64, device=device)
         got = [
             torch.sum(x, 0, out=i64(())),
             torch.prod(x, 0, out=i64(())),

@@ -64,14 +64,14 @@ _AA_CASES = [
 @pytest.mark.parametrize("kw", _AA_CASES, ids=str)
 def test_antialiased_interpolate(mode, align, kw):
     x = torch.randn(2, 3, 10, 20)
-    fn = lambda x: F.interpolate(x, mode=mode, align_corners=align, antialias=True, **kw)  # noqa: E731
+    fn = lambda x: F.interpolate(x, mode=mode, align_corners=align, antialias=True, **kw)
     check(fn, x, tol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 def test_antialiased_interpolate_grad_and_device_backward(mode):
     x = torch.randn(2, 3, 10, 20)
-    fn = lambda x: F.interpolate(x, size=(4, 27), mode=mode, antialias=True)  # noqa: E731
+    fn = lambda x: F.interpolate(x, size=(4, 27), mode=mode, antialias=True)
     _grad_check(fn, x)
     _device_backward_check(fn, x)
 
@@ -80,7 +80,7 @@ def test_antialiased_weights_match_torch_on_a_basis():
     """Resizing the identity (one basis image per batch entry) reads torch's weight matrix off whole."""
     for n_in, n_out in [(29, 3), (17, 16), (5, 12), (40, 7)]:
         eye = torch.eye(n_in).reshape(n_in, 1, n_in, 1).expand(n_in, 1, n_in, 2).contiguous()
-        fn = lambda x: torch.ops.aten._upsample_bilinear2d_aa(x, [n_out, 2], False, None, None)  # noqa: E731
+        fn = lambda x: torch.ops.aten._upsample_bilinear2d_aa(x, [n_out, 2], False, None, None)
         check(fn, eye, tol=1e-6)
 
 
@@ -92,7 +92,7 @@ def test_grid_sample_3d(mode, padding_mode, align):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 4, 5, 6, generator=gen)
     g = torch.rand(2, 3, 4, 5, 3, generator=gen) * 3 - 1.5  # reaches well outside [-1, 1]
-    fn = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align)  # noqa: E731
+    fn = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align)
     check(fn, x, g, tol=1e-5)
     if mode == "bilinear":
         _grad_check(fn, x, g)
@@ -103,14 +103,14 @@ def test_grid_sample_3d(mode, padding_mode, align):
 def test_grid_sample_3d_device_backward():
     gen = torch.Generator().manual_seed(2)
     x, g = torch.randn(1, 2, 3, 4, 5, generator=gen), torch.rand(1, 2, 3, 4, 3, generator=gen) * 2.2 - 1.1
-    fn = lambda x, g: F.grid_sample(x, g, padding_mode="reflection", align_corners=False)  # noqa: E731
+    fn = lambda x, g: F.grid_sample(x, g, padding_mode="reflection", align_corners=False)
     _device_backward_check(fn, x, g)
 
 
 def test_grid_sample_2d_device_backward():
     gen = torch.Generator().manual_seed(3)
     x, g = torch.randn(2, 2, 5, 6, generator=gen), torch.rand(2, 3, 4, 2, generator=gen) * 2.2 - 1.1
-    fn = lambda x, g: F.grid_sample(x, g, mode="bicubic", padding_mode="border", align_corners=True)  # noqa: E731
+    fn = lambda x, g: F.grid_sample(x, g, mode="bicubic", padding_mode="border", align_corners=True)
     _device_backward_check(fn, x, g)
 
 
@@ -128,7 +128,7 @@ def test_fractional_max_pool2d(shape, kernel, out):
         x,
         kernel,
         output_size=out,
-        return_indices=True,  # noqa: E731
+        return_indices=True,
         _random_samples=r,
     )
     check(fn, x, r, tol=0)
@@ -146,7 +146,7 @@ def test_fractional_max_pool3d(shape, kernel, out):
         x,
         kernel,
         output_size=out,
-        return_indices=True,  # noqa: E731
+        return_indices=True,
         _random_samples=r,
     )
     check(fn, x, r, tol=0)

@@ -56,7 +56,7 @@ def _segment_data():
 def test_segment_reduce_axis0(reduce, initial, kind):
     lengths = torch.tensor([2, 0, 3, 1, 0, 1])
     idx = lengths if kind == "lengths" else torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    fn = lambda x, i: torch.segment_reduce(x, reduce, **{kind: i}, axis=0, initial=initial)  # noqa: E731
+    fn = lambda x, i: torch.segment_reduce(x, reduce, **{kind: i}, axis=0, initial=initial)
     check(fn, _segment_data(), idx)
 
 
@@ -74,7 +74,7 @@ def test_segment_reduce_gradient_matches_torch(reduce):
     x = torch.randn(7, 2, generator=torch.Generator().manual_seed(2))
     x[3, 0] = 0.0  # prod's gradient at a zero: the product of the others
     lengths = torch.tensor([3, 0, 4])
-    fn = lambda x, l: torch.segment_reduce(x, reduce, lengths=l, initial=None if reduce != "prod" else 1.5)  # noqa
+    fn = lambda x, l: torch.segment_reduce(x, reduce, lengths=l, initial=None if reduce != "prod" else 1.5)
     ref, got = torch_grad(fn, x, lengths)
     _compare.compare(ref, got, 1e-5)
 
@@ -111,7 +111,7 @@ HASH_CASES = [
 
 def _hash(x, kw, jit: bool):
     """torch.hash_tensor through jaxtorch (`jaxtorch.to_jax` also takes bfloat16)."""
-    call = lambda a: jaxtorch.call_torch(lambda t: torch.hash_tensor(t, **kw), a)  # noqa: E731
+    call = lambda a: jaxtorch.call_torch(lambda t: torch.hash_tensor(t, **kw), a)
     return (jax.jit(call) if jit else call)(jaxtorch.to_jax(x))
 
 

@@ -354,7 +354,7 @@ def test_out_of_range_reads_give_the_documented_fill_value(op, dtype, jit):
     good = torch.tensor([1, -1 if wraps_negative else 3, 0])
     bad = torch.tensor([1, 7, -5 if wraps_negative else -1])
     ref = fn(w, good)  # in range: torch's value (a negative index wraps where torch allows it)
-    call = lambda a, i: jaxtorch.call_torch(fn, a, i)  # noqa: E731
+    call = lambda a, i: jaxtorch.call_torch(fn, a, i)
     call = jax.jit(call) if jit else call
     _assert_same(ref, call(_j(w), _j(good)))
     got = np.asarray(call(_j(w), _j(bad)))
@@ -374,7 +374,7 @@ def test_out_of_range_reads_give_the_documented_fill_value(op, dtype, jit):
 @pytest.mark.parametrize("jit", [False, True])
 def test_out_of_range_embedding_reads_nan_rows(jit):
     w = torch.randn(5, 4)
-    call = lambda a, i: jaxtorch.call_torch(F.embedding, i, a)  # noqa: E731
+    call = lambda a, i: jaxtorch.call_torch(F.embedding, i, a)
     call = jax.jit(call) if jit else call
     got = np.asarray(call(_j(w), jnp.array([[2, 5], [-1, 4]])))
     np.testing.assert_array_equal(got[0, 0], w[2].numpy())

@@ -144,7 +144,7 @@ def test_hardswish_backward_op_matches_torch():
 def test_binary_cross_entropy_at_0_and_1(reduction):
     p = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.5, 0.25])
     y = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
-    fn = lambda t: F.binary_cross_entropy(t, y.to(t.device), reduction=reduction)  # noqa: E731
+    fn = lambda t: F.binary_cross_entropy(t, y.to(t.device), reduction=reduction)
     want = _torch_grad(fn, p)
     assert np.isfinite(want).all()
     np.testing.assert_allclose(_jax_first_grad(fn, p), want, rtol=1e-5)
@@ -161,7 +161,7 @@ def test_binary_cross_entropy_target_keeps_jax_derivative():
 
 def test_max_pool2d_ties_go_to_torchs_index():
     x = torch.zeros(1, 1, 4, 4)
-    fn = lambda t: F.max_pool2d(t, 2)  # noqa: E731
+    fn = lambda t: F.max_pool2d(t, 2)
     want = _torch_grad(fn, x)
     np.testing.assert_array_equal(_jax_first_grad(fn, x), want)
     np.testing.assert_array_equal(_torch_first_grad(fn, x), want)
@@ -169,7 +169,7 @@ def test_max_pool2d_ties_go_to_torchs_index():
 
 def test_max_dim_ties_go_to_torchs_index():
     x = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0]])
-    fn = lambda t: t.max(dim=1).values  # noqa: E731
+    fn = lambda t: t.max(dim=1).values
     want = _torch_grad(fn, x)
     np.testing.assert_array_equal(_jax_first_grad(fn, x), want)
     np.testing.assert_array_equal(_torch_first_grad(fn, x), want)
@@ -177,7 +177,7 @@ def test_max_dim_ties_go_to_torchs_index():
 
 def test_vector_norm_at_zero():
     x = torch.zeros(4)
-    fn = lambda t: torch.linalg.vector_norm(t).reshape(1)  # noqa: E731
+    fn = lambda t: torch.linalg.vector_norm(t).reshape(1)
     want = _torch_grad(fn, x)
     np.testing.assert_array_equal(_jax_first_grad(fn, x), want)
     np.testing.assert_array_equal(_torch_first_grad(fn, x), want)

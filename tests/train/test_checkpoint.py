@@ -59,7 +59,7 @@ def test_round_trip(tmp_path):
 def test_optimizer_continues_identically(tmp_path):
     opt = optax.adam(0.1)
     params = {"w": jnp.array([1.0, -2.0])}
-    grad = lambda p: jax.grad(lambda p: jnp.sum(p["w"] ** 2))(p)  # noqa: E731
+    grad = lambda p: jax.grad(lambda p: jnp.sum(p["w"] ** 2))(p)
     st = opt.init(params)
     for _ in range(2):
         u, st = opt.update(grad(params), st, params)

@@ -134,7 +134,7 @@ def test_frozen_params_are_bit_identical():
         assert np.array_equal(np.asarray(v), before[k]) and v.dtype == before[k].dtype
     assert not np.array_equal(np.asarray(state.params["fc2.weight"]), before["fc2.weight"])
 
-    trainable = lambda name, v: name.endswith("bias")  # noqa: E731
+    trainable = lambda name, v: name.endswith("bias")
     _, step2 = make_train_step(model, mse, optax.sgd(0.1), trainable=trainable, donate=False)
     init2, _ = make_train_step(model, mse, optax.sgd(0.1), trainable=trainable)
     s = init2()

@@ -985,7 +985,7 @@ def _refusing_untracked_writes(target: Any) -> Iterator[None]:
         stack.pop()
 
 
-def _refuse_untracked_write(t: JaxTensor) -> None:
+def _refuse_untracked_write(t: torch.Tensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return
@@ -1074,7 +1074,7 @@ def _no_key() -> jax.Array:
     return jax.random.key(0)
 
 
-def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:  # noqa: A001
+def compile(target: torch.nn.Module | Callable, *, state: tuple = ()) -> Compiled:
     """Compile a torch module, a module's bound `forward`, or a function (a forward, a decode
     step, a whole train step) into `jax.jit` programs.
 

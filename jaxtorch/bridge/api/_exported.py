@@ -36,7 +36,7 @@ from ..core import _registry as registry
 from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype
 from ..core._errors import ExportedInputError, ExportedProgramError, UnsupportedOpError
-from ..core._precision import matmul_precision
+from ..core._matmul_precision import matmul_precision
 from ..core._pytrees import flatten as register_containers
 from ..core._random import key_scope, next_key
 from ..dispatch._interpreter import _unwrap_args

@@ -16,7 +16,7 @@ import torch
 
 from ..core._autodiff import stop_gradient
 from ..core._errors import JaxtorchError, ModuleReleasedError
-from ..core._precision import matmul_precision
+from ..core._matmul_precision import matmul_precision
 from ..core._random import key_scope
 from ..dispatch._environment import default_env
 from ..dispatch._hooks import hook_parameter

@@ -106,7 +106,7 @@ def _decode(leaves: list, codecs: list) -> list:
 def _refuse_eqx_state(module: Any) -> None:
     """Raise for an Equinox module holding `eqx.nn.StateIndex` (BatchNorm, SpectralNorm): its state is
     passed and returned by the caller (`model(x, state) -> (y, state)`), which a torch `forward` has no place for."""
-    is_index = lambda x: isinstance(x, eqx.nn.StateIndex)  # noqa: E731
+    is_index = lambda x: isinstance(x, eqx.nn.StateIndex)
     if any(is_index(x) for x in jax.tree_util.tree_leaves(module, is_leaf=is_index)):
         raise JaxtorchError(
             "JaxModule cannot wrap an Equinox module with state (eqx.nn.State: eqx.nn.BatchNorm, SpectralNorm): "
@@ -260,7 +260,7 @@ class JaxModule(torch.nn.Module):
 
         try:
             pickle.dumps(self._static)
-        except Exception as e:  # noqa: BLE001  (pickle raises many types)
+        except Exception as e:  # (pickle raises many types)
             raise JaxtorchError(
                 f"cannot pickle this JaxModule: the static part of its {self._kind} module does not pickle ({e}). "
                 "Save its parameters instead: torch.save(m.state_dict(), path), then build the module again and "

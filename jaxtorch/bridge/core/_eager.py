@@ -29,7 +29,7 @@ import jax
 
 from . import _checks
 from ._errors import DataDependentError, MissingKeyError
-from ._precision import matmul_precision
+from ._matmul_precision import matmul_precision
 from ._random import next_key, take_generator
 from ._signature import OpCall, bind, signature
 

@@ -60,7 +60,7 @@ import numpy as np
 from jax._src.lax.lax import _convert_element_type
 
 from . import _eager as eager
-from ._precision import matmul_precision
+from ._matmul_precision import matmul_precision
 from ._random import next_key, take_generator
 from ._signature import ARRAY_TYPES, OpCall, bind, signature
 
@@ -620,7 +620,7 @@ def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], 
         _M.compiles += 1  # runs once per trace
         its = (iter(kept), iter(donated), iter(baked), _weak_scalars(floats))
         leaves = [next(its[h]) for h in how]
-        vals = []
+        vals: list[list[Any]] = []
         for fn, refs, name in plan:
             args = [leaves[-1 - r] if type(r) is int else vals[r[0]][r[1]] for r in refs]
             with jax.named_scope(name):

@@ -155,7 +155,7 @@ def _register_dataclass(cls: type) -> None:
         return tuple((jax.tree_util.GetAttrKey(n), getattr(d, n)) for n in names), None
 
     def unflatten(_, children):
-        obj = object.__new__(cls)
+        obj: Any = object.__new__(cls)
         for n, c in zip(names, children):
             object.__setattr__(obj, n, c)
         return obj
@@ -171,7 +171,7 @@ class _Static:
 
     def __init__(self, items: tuple):
         self.items = items
-        self._hash = None
+        self._hash: int | None = None
 
     def __reduce__(self):
         return _Static, (self.items,)

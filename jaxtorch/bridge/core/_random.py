@@ -77,7 +77,7 @@ def set_state(state) -> None:
 
 def raw_state() -> tuple:
     """The eager generator's state as it is, `(seed, key)`, for `set_raw_state` (no torch
-    tensor is made: safe inside torch's dispatch modes, such as a checkpoint's recomputation)."""
+    tensor is made: safe inside torch's dispatch modes, such as a remat region's recomputation)."""
     with _lock:
         return _global["seed"], _global["key"]
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -99,7 +100,7 @@ class JaxProcessGroup(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._jax_group_desc
 
-    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+    def getBackendName(self) -> str:  # (torch's name)
         return BACKEND
 
     def name(self) -> str:
@@ -110,7 +111,9 @@ class JaxProcessGroup(dist.ProcessGroup):
         return self.group_name
 
     # ---- collectives that run ----------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
+    # (the forms torch.distributed calls: a list of tensors and an options object; torch's stub types
+    # them with its pybind overloads, hence the `ignore[override]`)
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Done:  # type: ignore[override]
         _jax_tensors("dist.all_reduce", tensors)
         op = "sum" if opts is None else _reduce_op(opts)
         for t in tensors:
@@ -120,7 +123,7 @@ class JaxProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Done:  # type: ignore[override]
         _jax_tensors("dist.broadcast", tensors)
         src = 0 if opts is None else opts.rootRank
         for t in tensors:
@@ -150,7 +153,9 @@ class JaxProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, outputs, input_lists, opts=None):
+    def reduce_scatter(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> _Done:
         op = "sum" if opts is None else _reduce_op(opts)
         for out, inputs in zip(outputs, input_lists, strict=True):
             _jax_tensors("dist.reduce_scatter", [out, *inputs])

@@ -58,7 +58,7 @@ from ..core import _lazy, _random
 from ..core._errors import ControlFlowError
 from ..tensor._tensor import JaxTensor, labelled, root, root_data
 from . import _writes
-from ._remat import _Remat
+from ._remat_jax import _Remat
 
 _TENSOR = object()  # marks where a tensor goes among a body's output leaves
 _guards = threading.local()  # `.stack`: the write guards of the bodies being traced in this thread
@@ -80,7 +80,7 @@ class _Guard:
         self.trace, self.inner, self.where = trace, {id(x) for x in inner}, where
         self.thread = threading.get_ident()
 
-    def __call__(self, t: JaxTensor) -> None:
+    def __call__(self, t: torch.Tensor) -> None:
         stack = getattr(_guards, "stack", None)
         if not isinstance(t, JaxTensor) or threading.get_ident() != self.thread or not stack or stack[-1] is not self:
             return  # (a CPU tensor; another thread; the innermost body's guard decides)
@@ -192,7 +192,7 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in leaves]
         info["out_dtypes"] = [o.dtype for o in tensors]
         info["grad_inputs"] = [r for r in reads.roots.values() if grad_on and r.requires_grad and _float(r.dtype)]
-        return [o._raw() for o in tensors]
+        return [o._raw() for o in tensors if isinstance(o, JaxTensor)]  # (every one: checked above)
 
     closed, shapes = jax.make_jaxpr(region, return_shape=True)(*[s for s, _, _ in specs])
     body = _Body(

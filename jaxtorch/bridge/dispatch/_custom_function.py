@@ -287,7 +287,7 @@ def _as_custom_vjp(cls, args: tuple, kwargs: dict, write_dirty: bool = True):
                 f"function {cls.__name__}Backward returned an incorrect number of gradients "
                 f"(expected {len(args)}, got {len(grads)})"
             )
-        result = []
+        result: list[jax.Array | None] = []
         for i, a in zip(at, in_arrays):
             g = grads[i]
             if g is None or not jnp.issubdtype(a.dtype, np.inexact):

@@ -143,7 +143,7 @@ def _changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def _equal(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
-    except Exception:  # noqa: BLE001  (an array-like without one truth value: count it as changed)
+    except Exception:  # (an array-like without one truth value: count it as changed)
         return False
 
 

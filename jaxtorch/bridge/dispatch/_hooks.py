@@ -87,7 +87,7 @@ def hooked_identity(tensors: list[JaxTensor], run: Callable[[tuple], tuple]) -> 
     def bwd(_, cts):
         grads = tuple(None if isinstance(c, SymbolicZero) else labelled(c, d) for c, d in zip(cts, dtypes))
         new = run(grads)
-        out = []
+        out: list[jax.Array | None] = []
         for g, jd, shape in zip(new, jax_dtypes, shapes):
             if g is None:
                 out.append(None)

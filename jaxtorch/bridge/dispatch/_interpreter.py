@@ -773,7 +773,7 @@ def _to_copy(ex, args, kwargs):
         d = jax_device_of(device)
         if d is not None and not isinstance(a, _Tracer) and not (type(a) is _Lazy and jax.local_device_count() == 1):
             a = jax.device_put(lazy.force(a, f"placement on {device}") if type(a) is _Lazy else a, d)
-    if a is src and type(a) is not _Lazy:  # (a pending value is immutable: sharing it is a copy)
+    if src is not None and a is src and type(a) is not _Lazy:  # (a pending value is immutable: sharing it is a copy)
         a = a + 0 if a.dtype != np.bool_ else a.copy()  # a copy, as torch makes
     return labelled(a, dtype or x.dtype)  # the torch dtype asked for, or the source's
 

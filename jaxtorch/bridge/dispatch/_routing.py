@@ -188,7 +188,7 @@ def _sibling_or_none(op):
     """`functional_sibling(op)`, None for a schema it cannot read."""
     try:
         return functional_sibling(op)
-    except Exception:  # noqa: BLE001  (odd schemas: no functional sibling; none among torch's own ops)
+    except Exception:  # (odd schemas: no functional sibling; none among torch's own ops)
         return None
 
 

@@ -149,7 +149,7 @@ def refuse_torch_state_write(func, t: torch.Tensor) -> None:
     """Raise for a write of `func` to the plain tensor `t` (inside `jaxtorch.compile`'s trace,
     its own check names the tensor the way compile users need)."""
     if _tensor.write_checks:
-        _tensor._check_write(t)  # type: ignore[arg-type]  # (compile's check takes any tensor)
+        _tensor._check_write(t)
     raise StateWriteError.torch_state_write(func, describe(t))
 
 
@@ -234,7 +234,7 @@ def refuse_internal_overlap(t: JaxTensor, policy: str = REFUSED) -> None:
     try:
         with jax.ensure_compile_time_eval():
             idx = np.asarray(fn(jax.numpy.arange(base.numel(), dtype=np.int32).reshape(shape)))
-    except Exception:  # noqa: BLE001  (a view of traced arguments: not decided, not refused)
+    except Exception:  # (a view of traced arguments: not decided, not refused)
         return
     if policy == REFUSED:
         for d, n in enumerate(idx.shape):
@@ -258,7 +258,7 @@ def _read_only() -> dict[int, tuple[JaxTensor, str, str]]:
     return d
 
 
-def _refuse_read_only_write(t: JaxTensor) -> None:
+def _refuse_read_only_write(t: torch.Tensor) -> None:
     if not isinstance(t, JaxTensor):
         return
     entry = _read_only().get(id(root(t)))

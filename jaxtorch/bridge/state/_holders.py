@@ -497,10 +497,10 @@ def _merge(orig, new):
         orig[:] = merged
         return orig
     if isinstance(orig, dict) and not pytrees.is_model_output(orig):
-        merged = {k: (_merge(orig[k], v) if k in orig else v) for k, v in new.items()}
-        for k in [k for k in orig if k not in merged]:
+        entries = {k: (_merge(orig[k], v) if k in orig else v) for k, v in new.items()}
+        for k in [k for k in orig if k not in entries]:
             del orig[k]
-        orig.update(merged)
+        orig.update(entries)
         return orig
     if isinstance(orig, tuple):
         merged = [_merge(o, n) for o, n in zip(orig, new)]
@@ -508,7 +508,7 @@ def _merge(orig, new):
     if (
         hasattr(orig, "__dict__")
         and not dataclasses.is_dataclass(orig)
-        or (dataclasses.is_dataclass(orig) and not type(orig).__dataclass_params__.frozen)
+        or (dataclasses.is_dataclass(orig) and not _frozen_dataclass(orig))
     ):
         od, nd = vars(orig), vars(new)
         for k, v in nd.items():
@@ -519,6 +519,14 @@ def _merge(orig, new):
             delattr(orig, k)
         return orig
     return new
+
+
+def _frozen_dataclass(obj: object) -> bool:
+    """Whether `obj` is an instance of a frozen dataclass (a dataclass itself, a class, counts as frozen:
+    it is replaced, never written to). Example: for `@dataclass(frozen=True) class P: x: int`,
+    `_frozen_dataclass(P(1))` is True."""
+    params = getattr(type(obj), "__dataclass_params__", None)
+    return isinstance(obj, type) or (params is not None and params.frozen)
 
 
 def _input(a, t, requires_grad: bool) -> JaxTensor:

@@ -5,4 +5,4 @@
 autograd glue (`call_jax`).
 """
 
-from . import _generator  # noqa: F401,E402  (makes `torch.Generator(device="jax")` work)
+from . import _generator  # noqa: F401  (makes `torch.Generator(device="jax")` work)

@@ -157,7 +157,7 @@ def _load_cpp_guard() -> str:
         module.register_guard()
         failed.unlink(missing_ok=True)
         return how
-    except Exception as e:  # noqa: BLE001  (no compiler, no ninja, a read-only cache: the Python guard stays)
+    except Exception as e:  # (no compiler, no ninja, a read-only cache: the Python guard stays)
         reason = _short(e)
         if directory is not None:
             with contextlib.suppress(OSError):

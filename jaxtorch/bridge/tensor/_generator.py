@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._device import JAX_DEVICE, is_jax_device
@@ -37,8 +39,8 @@ class JaxGenerator(_TorchGenerator):
     """A torch generator for the jax device (its stream is held by a CPU generator)."""
 
     @staticmethod
-    def __new__(cls, device=None):
-        return _TorchGenerator.__new__(cls, "cpu")
+    def __new__(cls, device: Any = None) -> JaxGenerator:
+        return _TorchGenerator.__new__(cls, "cpu")  # type: ignore[call-arg]  # (the stub has no `__new__`)
 
     @property
     def device(self) -> torch.device:  # type: ignore[override]
@@ -83,9 +85,9 @@ class Generator(_TorchGenerator, metaclass=_GeneratorType):
     """`torch.Generator(device=...)`: a `JaxGenerator` for the jax device, torch's own otherwise."""
 
     @staticmethod
-    def __new__(cls, device=None):
+    def __new__(cls, device: Any = None) -> Any:  # (torch's own class for the other devices, not this one)
         if cls is not Generator:  # `class MyGen(torch.Generator)`: an instance of it, as before
-            return _TorchGenerator.__new__(cls, "cpu" if is_jax_device(device) else (device or "cpu"))
+            return _TorchGenerator.__new__(cls, "cpu" if is_jax_device(device) else (device or "cpu"))  # type: ignore[call-arg]
         if is_jax_device(device):
             return JaxGenerator()
         return _TorchGenerator() if device is None else _TorchGenerator(device)

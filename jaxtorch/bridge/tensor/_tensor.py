@@ -124,21 +124,22 @@ class JaxTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
+    # (torch's stub declares `Tensor.__torch_dispatch__` a plain function; torch's own subclasses ignore it too)
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:  # type: ignore[override]
         return _dispatch(func, args, kwargs or {})
 
     # `t.data = other` (used by `Module._apply` for `.half()`, `.to(dtype)`, ...) must move
     # the JAX data along with torch's metadata.
     @property
-    def data(self):
-        return torch._C.TensorBase.data.__get__(self)
+    def data(self) -> torch.Tensor:
+        return torch._C.TensorBase.data.__get__(self)  # type: ignore[attr-defined]  # (a descriptor; the stub says Tensor)
 
     @data.setter
-    def data(self, value):
+    def data(self, value: torch.Tensor) -> None:
         if write_checks:
             _check_write(self)
-        torch._C.TensorBase.data.__set__(self, value)
+        torch._C.TensorBase.data.__set__(self, value)  # type: ignore[attr-defined]  # (as above)
         if isinstance(value, JaxTensor):
             new, old = value._raw(), self._raw()
             if (
@@ -175,12 +176,14 @@ class JaxTensor(torch.Tensor):
     def data_ptr(self) -> int:
         return _serialization.data_ptr(self, root(self))
 
-    def set_(self, source=None, storage_offset=0, size=None, stride=None):
+    def set_(  # type: ignore[override]  # (torch's stub omits the no-argument form, which torch accepts)
+        self, source: Any = None, storage_offset: int = 0, size: Any = None, stride: Any = None
+    ) -> torch.Tensor:
         """`torch.Tensor.set_`; a storage restored by `torch.load(..., map_location="jax")` becomes its data."""
         loaded = _serialization.pending_bytes(source)
         if loaded is None:
             if source is None:
-                return super().set_()
+                return super().set_()  # type: ignore[call-overload]  # (torch's stub omits the no-argument form)
             if size is None:
                 return super().set_(source)
             return super().set_(source, storage_offset, size, stride)
@@ -223,7 +226,9 @@ class JaxTensor(torch.Tensor):
         return self._jt_elem
 
     def _replay(self, base):
-        e = self._jt_elem = self._jt_view_fn(base._jt_elem)
+        view_fn = self._jt_view_fn
+        assert view_fn is not None  # (set with `_jt_base`)
+        e = self._jt_elem = view_fn(base._jt_elem)
         self._jt_version = base._jt_version
         if type(e) is _Lazy:
             _lazy.track(self)
@@ -396,10 +401,10 @@ def _identity(a):
 # Checks run before a write lands in a tensor (`jaxtorch.compile` refuses, while it traces,
 # writes to tensors that are not program state). Empty outside a trace: one list test.
 # Installed only through `dispatch/_writes.checking`, which owns the write rules.
-write_checks: list[Callable[[JaxTensor], None]] = []
+write_checks: list[Callable[[torch.Tensor], None]] = []
 
 
-def _check_write(t: JaxTensor) -> None:
+def _check_write(t: torch.Tensor) -> None:
     for check in write_checks:
         check(t)
 

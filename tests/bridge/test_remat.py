@@ -1,4 +1,4 @@
-"""Activation checkpointing on the jax device: `torch.utils.checkpoint` (both modes) and
+"""Remat (torch's activation checkpointing) on the jax device: `torch.utils.checkpoint` (both modes) and
 Hugging Face's `activation_checkpointing_enable()`, eagerly, lazily and under `jaxtorch.jit`.
 
 Gradients equal the unchecked run's (dropout included: the recomputation replays the
@@ -183,13 +183,13 @@ def globally():
 
 @pytest.mark.parametrize("where", ["eager", "lazy", "jit"])
 @pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
-def test_hf_gradient_checkpointing_matches_cpu(llama_cpu, llama_reference, globally, reentrant, where, monkeypatch):
-    from jaxtorch.bridge.dispatch import _remat
+def test_hf_remat_matches_cpu(llama_cpu, llama_reference, globally, reentrant, where, monkeypatch):
+    from jaxtorch.bridge.dispatch import _remat_jax
 
     traced: list = []  # under jit: why each region went to torch's checkpoint (None: it is a jax.checkpoint)
-    original = _remat._trace
+    original = _remat_jax._trace
     monkeypatch.setattr(
-        _remat, "_trace", lambda *a, **k: traced.append(original(*a, **k).torchs_way) or original(*a, **k)
+        _remat_jax, "_trace", lambda *a, **k: traced.append(original(*a, **k).torchs_way) or original(*a, **k)
     )
     loss0, g0 = llama_reference
     model = copy.deepcopy(llama_cpu).to("jax")
@@ -384,7 +384,7 @@ def test_dropout_in_a_region_replayed_under_jax_grad():
             self.ckpt, self.lin = ckpt, torch.nn.Linear(16, 16)
 
         def forward(self, x):
-            f = lambda h: torch.nn.functional.dropout(self.lin(h), 0.5, training=True)  # noqa: E731
+            f = lambda h: torch.nn.functional.dropout(self.lin(h), 0.5, training=True)
             return (checkpoint(f, x, use_reentrant=False) if self.ckpt else f(x)).square().sum()
 
     torch.manual_seed(0)
@@ -510,8 +510,8 @@ def test_nested_regions_and_vmap_under_jax_grad():
             self.ckpt, self.a, self.b = ckpt, torch.nn.Linear(5, 5), torch.nn.Linear(5, 5)
 
         def forward(self, x):
-            inner = lambda h: self.b(h).tanh()  # noqa: E731
-            outer = lambda h: checkpoint(inner, self.a(h), use_reentrant=False) if self.ckpt else inner(self.a(h))  # noqa: E731
+            inner = lambda h: self.b(h).tanh()
+            outer = lambda h: checkpoint(inner, self.a(h), use_reentrant=False) if self.ckpt else inner(self.a(h))
             return (checkpoint(outer, x, use_reentrant=False) if self.ckpt else outer(x)).square().sum()
 
     torch.manual_seed(0)
@@ -530,7 +530,7 @@ def test_nested_regions_and_vmap_under_jax_grad():
 
 
 @pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
-def test_hf_gradient_checkpointing_in_make_train_step_is_remat(llama_cpu, reentrant):
+def test_hf_remat_in_make_train_step_is_one_region_per_layer(llama_cpu, reentrant):
     """make_train_step of a Llama after activation_checkpointing_enable(): each decoder layer is a
     jax.checkpoint region in the step, and two SGD steps give the unchecked model's losses and
     weights."""
@@ -560,7 +560,7 @@ def test_hf_gradient_checkpointing_in_make_train_step_is_remat(llama_cpu, reentr
 
 
 @pytest.mark.parametrize("reentrant", MODES, ids=MODE_IDS)
-def test_hf_gradient_checkpointing_through_compiled_module_backward(llama_cpu, llama_reference, globally, reentrant):
+def test_hf_remat_through_compiled_module_backward(llama_cpu, llama_reference, globally, reentrant):
     """`jaxtorch.compile(model)(...).loss.backward()`: the compiled call's VJP differentiates the
     regions (jax.checkpoint under jax.vjp); the gradients equal eager CPU torch's."""
     loss0, g0 = llama_reference
@@ -575,7 +575,7 @@ def test_hf_gradient_checkpointing_through_compiled_module_backward(llama_cpu, l
 
 
 @pytest.mark.parametrize("where", ["eager", "jit"])
-def test_selective_checkpointing_and_checkpoint_sequential(where):
+def test_selective_checkpoint_contexts_and_checkpoint_sequential(where):
     """torch's selective activation checkpointing (`context_fn` with a policy) and
     `checkpoint_sequential` give CPU torch's gradients; the random-state replay makes no torch
     tensor inside the recomputation (a selective policy would see an op the forward did not run)."""
@@ -693,7 +693,7 @@ def test_regions_traced_in_two_threads_keep_their_own_state_writes():
     the unchecked forward's statistics (one update) and the same gradients.
 
     (Two threads each running `loss.backward()` inside jaxtorch.jit at once fail with JAX's
-    UnexpectedTracerError with or without checkpointing: torch runs both backwards on one
+    UnexpectedTracerError with or without remat: torch runs both backwards on one
     autograd thread, which adopts the trace last published. Not covered here.)"""
     import threading
 

@@ -1,4 +1,4 @@
-"""Float32 matmul precision follows torch's setting (bridge/precision.py)."""
+"""Float32 matmul precision follows torch's setting (bridge/core/_matmul_precision.py)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,8 +1,8 @@
-"""Activation checkpointing (`torch.utils.checkpoint`) on the jax device.
+"""Remat (torch's activation checkpointing, `torch.utils.checkpoint`) on the jax device: torch's side.
 
 Under a JAX trace (`jaxtorch.jit`, an `extract`ed function under `jax.jit`/`jax.grad`,
 `make_train_step`) a checkpointed region on jax tensors becomes one `jax.checkpoint`
-(`_remat`): `checkpoint` below is where torch's function sends its calls. Elsewhere
+(`_remat_jax`): `checkpoint` below is where torch's function sends its calls. Elsewhere
 torch's own checkpoint runs unchanged (both `use_reentrant=True` and `False`, and Hugging
 Face's `activation_checkpointing_enable()`, which calls it). For calls whose tensor arguments
 are on the jax device, two things are added where torch's entry points call the function
@@ -12,7 +12,7 @@ they checkpoint (`CheckpointFunction.apply`, `_checkpoint_without_reentrant_gene
   draws the same keys as the forward did, from jaxtorch's generator or, under
   `jaxtorch.compile`/`jit`/`call_torch(rng=...)`, from the call's key (so dropout masks
   match and the gradients equal the unchecked run's);
-- **barrier**: in a lazy program (and a traced one that `_remat` hands back to torch: a
+- **barrier**: in a lazy program (and a traced one that `_remat_jax` hands back to torch: a
   region reading a non-leaf tensor from outside, `context_fn`, `debug`) the recomputation's
   tensor inputs pass through `jax.lax.optimization_barrier`, as `jax.checkpoint` does: XLA
   cannot merge the recomputed activations with the forward's (common-subexpression
@@ -45,7 +45,7 @@ from ..core import _lazy, _random, _tracing
 from ..core._errors import TorchVersionError
 from ..core._executor import executor
 from ..tensor._tensor import JaxTensor
-from . import _remat
+from . import _remat_jax
 from ._custom_function import _traced_untracked
 
 _OriginalFunction = _tc.CheckpointFunction
@@ -219,15 +219,16 @@ class CheckpointFunction(_OriginalFunction):
         return _OriginalFunction.backward(ctx, *grads)
 
 
-# ---- the entry point: a region under a JAX trace becomes a `jax.checkpoint` (`_remat`) ------
+# ---- the entry point: a region under a JAX trace becomes a `jax.checkpoint` (`_remat_jax`) --
 _torch_checkpoint: list[Callable] = []  # torch's checkpoint as its wrapper would call it (made on first use)
 
 
-def _original(*args, **kwargs):
+def _original(*args: Any, **kwargs: Any) -> Any:
     if not _torch_checkpoint:
         import torch._dynamo
 
-        _torch_checkpoint.append(torch._dynamo.disable(_tc.checkpoint.__wrapped__, True, wrapping=False))
+        wrapped = _tc.checkpoint.__wrapped__  # type: ignore[attr-defined]  # (torch decorates it at runtime)
+        _torch_checkpoint.append(torch._dynamo.disable(wrapped, True, wrapping=False))
     return _torch_checkpoint[0](*args, **kwargs)
 
 
@@ -243,7 +244,7 @@ def checkpoint(
     **kwargs,
 ):
     """`torch.utils.checkpoint.checkpoint`: under a JAX trace, on jax tensors, the region runs
-    as `jax.checkpoint` (`_remat`); otherwise (and with `context_fn`, `debug`,
+    as `jax.checkpoint` (`_remat_jax`); otherwise (and with `context_fn`, `debug`,
     `respect_saved_tensors_hooks` or an unset `use_reentrant`, which torch warns about) torch's own
     checkpoint runs it. torch 2.14's curried form (`checkpoint(use_reentrant=False)(fn)`, no function)
     is torch's own, through the wrapped generator."""
@@ -264,9 +265,9 @@ def checkpoint(
         and respect_saved_tensors_hooks is None
     ):
         preserve = kwargs.pop("preserve_rng_state", True)
-        if not (use_reentrant and kwargs) and _remat.applies(args, kwargs):
-            out = _remat.checkpoint(function, args, kwargs, reentrant=use_reentrant)
-            if out is not _remat.FALLBACK:
+        if not (use_reentrant and kwargs) and _remat_jax.applies(args, kwargs):
+            out = _remat_jax.remat(function, args, kwargs, reentrant=use_reentrant)
+            if out is not _remat_jax.FALLBACK:
                 return out
             if _traced_untracked((*args, *kwargs.values())):
                 # JAX, not torch, differentiates (a JAX-first function): torch's checkpoint would run the

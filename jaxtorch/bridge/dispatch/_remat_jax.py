@@ -1,4 +1,4 @@
-"""Activation checkpointing under a JAX trace: a checkpointed region becomes one `jax.checkpoint`.
+"""Remat (activation checkpointing) under a JAX trace: a checkpointed region becomes one `jax.checkpoint`.
 
 When `torch.utils.checkpoint.checkpoint(fn, *args)` (or Hugging Face's
 `activation_checkpointing_enable()`, which calls it) runs on jax tensors holding traced values
@@ -18,7 +18,7 @@ The region's random ops draw from the call's key, passed in, so the recomputatio
 the forward's draws. Writes the region makes to tensors from outside it (BatchNorm's running
 statistics) come out of it and land after it. A region that closes over a tensor with an
 autograd history from outside it (not an argument, not a leaf) runs torch's own checkpoint,
-as do eager and lazy values (`_checkpointing`).
+as do eager and lazy values (`_remat_torch`).
 
 Example:
     ```python
@@ -48,7 +48,7 @@ from ..core import _lazy, _random, _tracing
 from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, was_written, write
 from . import _writes
 
-FALLBACK = object()  # what `checkpoint` returns when torch's own checkpoint must run instead
+FALLBACK = object()  # what `remat` returns when torch's own checkpoint must run instead
 _TENSOR = object()  # marks where a tensor goes among a region's output leaves
 
 
@@ -77,7 +77,7 @@ class _Writes:
         """Whether `data` is a value of the region's own trace."""
         return _writes.made_in(data, self.trace)
 
-    def __call__(self, t: JaxTensor) -> None:
+    def __call__(self, t: torch.Tensor) -> None:
         if not isinstance(t, JaxTensor) or threading.get_ident() != self.thread:
             return  # (a CPU tensor: the write rule's; another thread's write)
         r = root(t)
@@ -193,15 +193,15 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
         trace = _jax_core.trace_ctx.trace
         start = torch._C._autograd._get_sequence_nr()  # (autograd nodes made from here on are the region's)
         inner = [labelled(a, t.dtype) for a, t in zip(arrays, inputs)]
-        given = list(inner)  # what the function gets: a non-leaf argument requiring grad stays one
+        given: list[torch.Tensor] = list(inner)  # what the function gets: a non-leaf argument requiring grad stays one
         for j, (x, t) in enumerate(zip(inner, inputs)):
             if grad_on and t.requires_grad:
                 x.requires_grad_(True)
                 if not t.is_leaf:
                     given[j] = x.clone()
         leaves = list(flat)
-        for i, x in zip(at, given):
-            leaves[i] = x
+        for i, g in zip(at, given):
+            leaves[i] = g
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         writes = _Writes(trace)
         regions = _hooks.__dict__.setdefault("regions", [])
@@ -213,9 +213,9 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
             written = writes.take()
             hooked = regions.pop()
         out_leaves, info["out_spec"] = pytree.tree_flatten(out)
-        tensors = [o for o in out_leaves if isinstance(o, torch.Tensor)]
-        if any(not isinstance(o, JaxTensor) for o in tensors):
+        if any(isinstance(o, torch.Tensor) and not isinstance(o, JaxTensor) for o in out_leaves):
             raise TypeError("jaxtorch: a checkpointed function returned a tensor not on the jax device.")
+        tensors = [o for o in out_leaves if isinstance(o, JaxTensor)]
         info["out_leaves"] = [_TENSOR if isinstance(o, torch.Tensor) else o for o in out_leaves]
         info["out_dtypes"] = [o.dtype for o in tensors]
         info["written"] = [(r, old) for r, old, _ in written]
@@ -312,7 +312,7 @@ class _Remat(torch.autograd.Function):
             return (None, *(labelled(g, d) for g, d in zip(gs, ctx.dtypes)))
 
 
-def checkpoint(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool) -> Any:
+def remat(function: Callable, args: tuple, kwargs: dict, *, reentrant: bool) -> Any:
     """Run `function(*args, **kwargs)` as a `jax.checkpoint` region (see the module docstring);
     returns `FALLBACK` when torch's own checkpoint must run it instead."""
     flat, spec = pytree.tree_flatten((args, kwargs))

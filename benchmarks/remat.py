@@ -1,7 +1,7 @@
-"""Activation checkpointing: memory of a Llama train step with and without it.
+"""Remat (activation checkpointing): memory of a Llama train step with and without it.
 
 One `jaxtorch.jit` train step (forward, `loss.backward()`) of a Llama built from a small
-config (random weights), compiled three ways: no checkpointing, and Hugging Face's
+config (random weights), compiled three ways: no remat, and Hugging Face's
 `activation_checkpointing_enable()` with `use_reentrant=False` and `True`; then the JAX-first
 path (`extract` + `jax.grad`, as `make_train_step` differentiates) without and with it.
 Two deterministic figures per program, no run needed:
@@ -14,8 +14,8 @@ Two deterministic figures per program, no run needed:
 A pure-JAX reference (`jax.checkpoint` of an MLP stack) shows both figures for JAX's own
 remat. Gradients of the checkpointed steps are compared with the unchecked step's.
 
-    python benchmarks/checkpointing.py             # default backend
-    python benchmarks/checkpointing.py --layers 8 --seq 1024
+    python benchmarks/remat.py             # default backend
+    python benchmarks/remat.py --layers 8 --seq 1024
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import transformers
 import jaxtorch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._liveness import peak_live_bytes, programs_recorded  # noqa: E402
+from benchmarks._liveness import peak_live_bytes, programs_recorded
 
 
 def _temp_mib(jitted, args) -> float:
@@ -44,7 +44,7 @@ def _live_mib(jitted, args) -> float:
 
 def llama_step(cfg, ids, mode: str):
     """(XLA temp MiB, in-order peak live MiB, loss, grads) of a `jaxtorch.jit` step with
-    `loss.backward()` inside, for checkpointing `mode`: none / reentrant / non-reentrant."""
+    `loss.backward()` inside, for remat `mode`: none / reentrant / non-reentrant."""
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).train().to("jax")
     if mode != "none":
@@ -127,12 +127,12 @@ def main() -> None:
     print(f"{'':34s} {'XLA temp':>10s} {'in-order peak':>14s}")
     jaxtorch.enable_globally()
     base_mib, base_live, base_loss, base_grads = llama_step(cfg, ids, "none")
-    print(f"  jit, no checkpointing:            {base_mib:7.1f} MiB {base_live:10.1f} MiB  loss {base_loss:.6f}")
+    print(f"  jit, no remat:                    {base_mib:7.1f} MiB {base_live:10.1f} MiB  loss {base_loss:.6f}")
     for mode in ("non-reentrant", "reentrant"):
         mib, live, loss, grads = llama_step(cfg, ids, mode)
         diff = max((grads[n] - g).abs().max().item() for n, g in base_grads.items())
         print(
-            f"  jit, checkpointing ({mode:13s}): {mib:7.1f} MiB {live:10.1f} MiB  loss {loss:.6f}"
+            f"  jit, remat ({mode:13s}):         {mib:7.1f} MiB {live:10.1f} MiB  loss {loss:.6f}"
             f"  max |grad diff| {diff:.2e}"
         )
     jaxtorch.disable_globally()
