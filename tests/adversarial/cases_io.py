@@ -12,7 +12,6 @@ import io
 import json
 import pickle
 import struct
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,11 +26,11 @@ from torch import nn
 import jaxtorch
 from jaxtorch.train import CheckpointError
 
-from .harness import case, clear_error, close, equal, refuses_or
+from .harness import case, clear_error, close, equal, refuses_or, scratch_dir
 
 
 def _tmp() -> Path:
-    return Path(tempfile.mkdtemp(prefix="jt-io-"))
+    return scratch_dir("jt-io-")
 
 
 def _small() -> nn.Module:

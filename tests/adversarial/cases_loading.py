@@ -12,7 +12,6 @@ import copy
 import functools
 import io
 import json
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -28,11 +27,11 @@ from jaxtorch.train import CheckpointError
 from jaxtorch.train._load import CheckpointKeysWarning
 from tests._hf_models import TINY_LLAMA
 
-from .harness import case, clear_error, equal, refuses_or
+from .harness import case, clear_error, equal, refuses_or, scratch_dir
 
 
 def _tmp() -> Path:
-    return Path(tempfile.mkdtemp(prefix="jt-loading-"))
+    return scratch_dir("jt-loading-")
 
 
 @functools.cache

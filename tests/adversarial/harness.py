@@ -7,6 +7,9 @@ A case passes when jaxtorch matches eager CPU torch, or refuses with a clear err
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,17 @@ import numpy as np
 import torch
 
 CASES: dict[str, Callable[[], None]] = {}
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new empty folder under the system's temporary folder, removed when this process exits.
+
+    Cases are plain functions without pytest's `tmp_path`; before this helper each left its folder behind
+    (hundreds of `jt-io-*` / `jt-loading-*` folders in /tmp after a run). Removed at exit rather than at the
+    case's end because a case may leave memory-mapped weights open. Example: `scratch_dir("jt-io-") / "m.pt"`."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def case(name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
