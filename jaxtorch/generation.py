@@ -173,13 +173,13 @@ def greedy_decoder(
 
     **Example:**
         ```python
-        import jaxtorch, torch, transformers
+        import transformers
 
-        config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                                          vocab_size=256, num_attention_heads=4)
+        config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                                          vocab_size=32, num_attention_heads=2)
         model = transformers.LlamaForCausalLM(config).eval()  # eval: no dropout, as generate
-        decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=64)
-        new = decode(torch.tensor([[1, 5, 3]]), max_new_tokens=16)  # ends at config.eos_token_id (2)
+        decode = jaxtorch.generation.greedy_decoder(model, max_cache_len=16)
+        new = decode(torch.tensor([[1, 5, 3]]), max_new_tokens=4)  # ends at config.eos_token_id (2)
         ```
     """
     eos, pad_id = stop_tokens(model, eos_token_id, pad_token_id)

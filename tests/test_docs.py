@@ -41,6 +41,8 @@ def test_strict_build(tmp_path):
     assert "What is tested, against the peers" in home and "entries passing" in home  # feature table, coverage
     api = (site / "api" / "jax_first" / "index.html").read_text()
     assert "Turn a <code>torch.nn.Module</code> into" in api  # extract's docstring
+    # its **Arguments:** list renders as a list (docs/griffe_lists.py), not as one run-on paragraph
+    assert "<p><strong>Arguments:</strong></p>\n<ul>\n<li><code>module</code>" in api
     for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
         page = site / "notebooks" / source.stem / "index.html"
         assert page.exists(), f"no page for {source.name}"

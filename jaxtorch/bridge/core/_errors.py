@@ -573,10 +573,8 @@ class TorchVersionError(JaxtorchError):
 
     **Example:** raised by jaxtorch's checks of the installed torch (it cannot be provoked on a supported one):
         ```python
-        from jaxtorch.bridge.core._errors import TorchVersionError
-
         try:
-            raise TorchVersionError("torch's checkpoint calls none of the functions jaxtorch wraps")
+            raise jaxtorch.TorchVersionError("torch's checkpoint calls none of the functions jaxtorch wraps")
         except jaxtorch.TorchVersionError as err:
             caught = err   # the way out: a supported torch (`torch>=2.13,<2.15`) or a newer jaxtorch
         ```
