@@ -16,6 +16,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxtorch"
 
 LAYERS = [
+    ["jaxtorch._compat"],  # every private or version-dependent torch/JAX name (tests/test_private_names.py)
     ["jaxtorch.bridge.core"],
     ["jaxtorch.ops"],
     ["jaxtorch.bridge.tensor", "jaxtorch.bridge._device_guard"],  # (the C++ device guard)

@@ -95,6 +95,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..._compat import Tracer
 from ..core import _checks, _random
 from ..core import _pytrees as pytrees
 from ..core._autodiff import jax_differentiates
@@ -415,7 +416,7 @@ def _write_state(t: torch.Tensor, value) -> None:
 
 
 def _inexact(x) -> bool:
-    return isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
+    return isinstance(x, (jax.Array, Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
 def _differentiable_params(holders: Holders) -> list[tuple[int, JaxTensor]]:
@@ -958,7 +959,7 @@ def _refuse_untracked_write(t: JaxTensor) -> None:
     stack = getattr(_tracing, "stack", None)
     if not stack:  # another thread's trace
         return
-    if isinstance(t, JaxTensor) and isinstance(root_data(t), jax.core.Tracer):
+    if isinstance(t, JaxTensor) and isinstance(root_data(t), Tracer):
         return  # program state (an argument, a module's tensor) or made inside the program
     raise StateWriteError(
         f"jaxtorch.compile: the function writes in place into {_describe(t, stack[-1])}, which is not "

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 
+from ..._compat import Tracer
 from . import _checks
 from ._errors import DataDependentError, MissingKeyError
 from ._executor import OpCall, bind, signature
@@ -34,7 +35,7 @@ from ._random import next_key, take_generator
 
 _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 2000  # cached signatures per op
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _CHECKS = _checks.ON
 
 NOT_JITTABLE_ERRORS = (

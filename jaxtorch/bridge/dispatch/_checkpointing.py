@@ -41,6 +41,7 @@ import jax
 import torch
 import torch.utils.checkpoint as _tc
 
+from ..._compat import CHECKPOINT_GENERATORS, Tracer, dynamo_disable
 from ..core import _lazy, _random, _tracing
 from ..core._errors import TorchVersionError
 from ..tensor._tensor import JaxTensor
@@ -54,10 +55,7 @@ _OriginalFunction = _tc.CheckpointFunction
 # - torch 2.14: `_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, preserve_rng_state, ...)`
 #   (`_checkpoint_without_reentrant_generator` is kept only as a shim that calls it);
 # - torch 2.13: `_checkpoint_without_reentrant_generator(fn, preserve_rng_state, context_fn, ..., *args, **kwargs)`.
-GENERATORS: tuple[str, ...] = (
-    "_checkpoint_without_reentrant_generator_impl",
-    "_checkpoint_without_reentrant_generator",
-)
+GENERATORS: tuple[str, ...] = CHECKPOINT_GENERATORS
 
 
 # ---- random state: what the forward drew from, restored around each recomputation -------
@@ -118,7 +116,7 @@ class _Barrier(torch.autograd.Function):
 
 def _needs_barrier(t: JaxTensor) -> bool:
     data = t._raw()
-    return type(data) is _lazy.LazyArray or isinstance(data, jax.core.Tracer)
+    return type(data) is _lazy.LazyArray or isinstance(data, Tracer)
 
 
 def barrier(args: tuple, anchors: tuple = ()) -> tuple:
@@ -226,9 +224,7 @@ _torch_checkpoint: list[Callable] = []  # torch's checkpoint as its wrapper woul
 
 def _original(*args, **kwargs):
     if not _torch_checkpoint:
-        import torch._dynamo
-
-        _torch_checkpoint.append(torch._dynamo.disable(_tc.checkpoint.__wrapped__, True, wrapping=False))
+        _torch_checkpoint.append(dynamo_disable(_tc.checkpoint.__wrapped__, True, wrapping=False))
     return _torch_checkpoint[0](*args, **kwargs)
 
 

@@ -29,11 +29,24 @@ from typing import Any
 import jax
 import numpy as np
 import torch
-from jax._src import core as _jax_core
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ... import ops as _ops  # noqa: F401  (registers all lowerings)
+from ..._compat import (
+    OpOverload,
+    OpOverloadPacket,
+    TensorBase,
+    TorchDispatchMode,
+    Tracer,
+    foreach_add,
+    foreach_add_,
+    foreach_mul,
+    foreach_sub,
+    foreach_sub_,
+    has_kernel_for_dispatch_key,
+    trace_ctx,
+    trace_state_clean,
+)
 from ...ops import registry
 from ..core import _lazy as lazy
 from ..core import _tracing as tracing
@@ -68,7 +81,7 @@ from ._routing import functional_sibling as _functional_sibling
 from ._routing import mutated_args as _mutated_args
 
 aten = torch.ops.aten
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _ArrayImpl = type(jax.numpy.zeros(()))
 _Lazy = lazy.LazyArray
 _LAZY_ON = lazy.ACTIVE
@@ -690,7 +703,7 @@ def invalidate_cache() -> None:
     registry.notify()
 
 
-_trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
+_trace_clean = trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
 
 
 def _executor() -> Executor:
@@ -929,7 +942,7 @@ _LIFT_FRESH = aten.lift_fresh.default
 
 
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
-_DATA = torch._C.TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
+_DATA = TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
 
 
 class JaxFunctionMode(TorchFunctionMode):
@@ -956,14 +969,14 @@ _ALPHA_OPS = frozenset(
     {
         torch.add,
         torch.sub,
-        torch._C.TensorBase.add,
-        torch._C.TensorBase.add_,
-        torch._C.TensorBase.sub,
-        torch._C.TensorBase.sub_,
-        torch._foreach_add,
-        torch._foreach_add_,
-        torch._foreach_sub,
-        torch._foreach_sub_,
+        TensorBase.add,
+        TensorBase.add_,
+        TensorBase.sub,
+        TensorBase.sub_,
+        foreach_add,
+        foreach_add_,
+        foreach_sub,
+        foreach_sub_,
     }
 )
 
@@ -979,15 +992,13 @@ def _scaled_by_alpha(func, args, kwargs):
     Example: `p.add_(g, alpha=-lr)` -> `p.add_(g * -lr)`."""
     self_, other, *rest = args
     alpha = kwargs.pop("alpha")
-    other = torch._foreach_mul(other, alpha) if isinstance(other, (list, tuple)) else other * alpha
+    other = foreach_mul(other, alpha) if isinstance(other, (list, tuple)) else other * alpha
     return func(self_, other, *rest, **kwargs)
 
 
 # what torch's autograd never differentiates through, seen as the user calls it (torch's own internal
 # detaches, such as its saved tensors', are plain aliases: double backward goes through them)
-_OUTSIDE_GRAPH = frozenset(
-    {torch._C.TensorBase.detach, torch._C.TensorBase.detach_, torch._C.TensorBase.new_tensor, torch.tensor}
-)
+_OUTSIDE_GRAPH = frozenset({TensorBase.detach, TensorBase.detach_, TensorBase.new_tensor, torch.tensor})
 
 
 def _outside_graph_call(func, args, kwargs):
@@ -1007,7 +1018,7 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
     dtype = dtype or torch.get_default_dtype()
     size = tuple(size)
     jd = scalar_jax_dtype(dtype) if _scalar_or_empty(size) else to_jax_dtype(dtype)
-    if _LAZY_ON[0] and _jax_core.trace_state_clean():  # recorded, not dispatched (see lazy.nullary)
+    if _LAZY_ON[0] and trace_state_clean():  # recorded, not dispatched (see lazy.nullary)
         return labelled(lazy.nullary(("empty", size, jd), lambda: jnp.zeros(size, jd)), dtype)
     return labelled(jnp.zeros(size, jd), dtype)
 
@@ -1081,12 +1092,12 @@ def _register_factory_kernels() -> list:
     """Give each lowered factory without a `jax` backend kernel one (`_factory_kernel`)."""
     done = []
     for key in registry.registered_ops():
-        packet = isinstance(key, torch._ops.OpOverloadPacket)
+        packet = isinstance(key, OpOverloadPacket)
         overloads = [getattr(key, o) for o in key.overloads()] if packet else [key]
         for op in overloads:
-            if not isinstance(op, torch._ops.OpOverload) or not _is_lowered_factory(op):
+            if not isinstance(op, OpOverload) or not _is_lowered_factory(op):
                 continue
-            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
+            if has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
                 continue  # (`empty`, `empty_strided`: the kernels above)
             _backend_lib.impl(op.name().split("::")[1], _factory_kernel(op), "PrivateUse1")
             done.append(op)

@@ -39,9 +39,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import decomposition_table
 
 from ... import ops as _ops  # noqa: F401  (registers all lowerings)
+from ..._compat import decomposition_table, has_kernel_for_dispatch_key
 from ...ops import registry
 from . import _foreach as foreach
 
@@ -298,7 +298,7 @@ def decomposition(op) -> Callable | None:
     d = decomposition_table.get(op)
     if d is not None:
         return d
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+    if has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         return op.decompose
     return None
 

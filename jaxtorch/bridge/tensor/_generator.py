@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import torch
 
+from ..._compat import TorchGenerator
 from ._device import JAX_DEVICE, is_jax_device
 
-_TorchGenerator = torch._C.Generator  # torch's own class (what `torch.Generator` was)
+_TorchGenerator = TorchGenerator  # torch's own class (what `torch.Generator` was)
 
 
 class JaxGenerator(_TorchGenerator):
