@@ -107,7 +107,6 @@ make_wrapper_subclass = torch.Tensor._make_wrapper_subclass  # a tensor subclass
 swap_tensor_impl = torch._C._swap_tensor_impl  # swap two tensors' C++ implementations
 torch_nn_functions = torch._C._nn  # what torch.nn.functional calls (gelu, linear, ...)
 parse_to = torch._C._nn._parse_to  # `Module.to`'s argument parser: (device, dtype, non_blocking, format)
-TORCH_VERSION: str = torch.__version__
 
 foreach_add = torch._foreach_add
 foreach_add_ = torch._foreach_add_
@@ -116,7 +115,7 @@ foreach_sub_ = torch._foreach_sub_
 foreach_mul = torch._foreach_mul
 
 # `torch._lazy_clone(t)`: a copy-on-write clone (torch >= 2.4); None where this torch lacks it
-lazy_clone: Callable[[torch.Tensor], torch.Tensor] | None = getattr(torch, "_lazy_clone", None)
+lazy_clone: Callable[[torch.Tensor], Any] | None = getattr(torch, "_lazy_clone", None)
 
 
 def all_op_names() -> list[str]:
@@ -178,6 +177,12 @@ cond_op = importlib.import_module("torch._higher_order_ops.cond").cond_op  # wha
 map_impl = importlib.import_module("torch._higher_order_ops.map").map_impl  # the `map` HOP
 scan_op = importlib.import_module("torch._higher_order_ops.scan").scan_op  # the `scan` HOP
 while_loop_op = importlib.import_module("torch._higher_order_ops.while_loop").while_loop_op  # `while_loop`
+
+
+def torch_version() -> str:
+    """The installed torch's version string, read at each call (`"2.13.0+cpu"`)."""
+    return str(torch.__version__)
+
 
 # ---- ATen ops that exist only in some torch releases ---------------------------------------------
 # `name.overload` -> the torch releases it was checked in. A lowering names such an op through
@@ -323,4 +328,4 @@ geqrf = _jax_lax_linalg.geqrf  # Householder QR: (reflectors, taus)
 try:
     from jax._src.dtypes import register_canonicalize_value_handler
 except ImportError:  # pragma: no cover - another JAX
-    register_canonicalize_value_handler = None  # type: ignore[assignment]
+    register_canonicalize_value_handler = None

@@ -5,8 +5,6 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from ..._compat import TORCH_VERSION
-
 
 class JaxtorchError(RuntimeError):
     """Base class of jaxtorch's errors."""
@@ -383,9 +381,10 @@ class TorchVersionError(JaxtorchError):
     """
 
     def __init__(self, detail: str):
+        from ..._compat import torch_version  # this module imports nothing heavy at load time
 
         super().__init__(
-            f"{detail}. jaxtorch was checked on torch 2.13 and 2.14 (this is torch {TORCH_VERSION}): install "
+            f"{detail}. jaxtorch was checked on torch 2.13 and 2.14 (this is torch {torch_version()}): install "
             "one of those (`pip install 'torch>=2.13,<2.15'`) or a jaxtorch release that supports this torch."
         )
 

@@ -26,13 +26,13 @@ import jax
 import torch
 
 from ..._compat import (
-    TORCH_VERSION,
     current_autograd_node,
     current_graph_task_id,
     get_engine_run_backward,
     privateuse1_backend_name,
     set_engine_run_backward,
     setup_privateuse1_python_backend,
+    torch_version,
 )
 from ._device_module import DEVICE_MODULE
 
@@ -59,8 +59,8 @@ def guard_cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "jaxtorch"
     )
     key = hashlib.sha256(_GUARD_SOURCE.read_bytes())
-    key.update(f"{TORCH_VERSION} {sys.implementation.cache_tag} {sysconfig.get_platform()}".encode())
-    tag = f"torch-{TORCH_VERSION}-{sys.implementation.cache_tag}-{key.hexdigest()[:16]}"
+    key.update(f"{torch_version()} {sys.implementation.cache_tag} {sysconfig.get_platform()}".encode())
+    tag = f"torch-{torch_version()}-{sys.implementation.cache_tag}-{key.hexdigest()[:16]}"
     return Path(root, "device_guard", tag)
 
 
@@ -71,8 +71,8 @@ def _import_guard(path: Path):
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if module.TORCH_VERSION != TORCH_VERSION:
-        raise ImportError(f"{path} was built for torch {module.TORCH_VERSION}, not {TORCH_VERSION}")
+    if module.TORCH_VERSION != torch_version():
+        raise ImportError(f"{path} was built for torch {module.TORCH_VERSION}, not {torch_version()}")
     return module
 
 
@@ -107,7 +107,7 @@ def _compile_guard(directory: Path, target: Path):
             return _import_guard(target), "cached"
         # measured: 12-13 s on 2 cores shared with many busy processes (load ~16); less on a quiet machine
         print(
-            f"jaxtorch: compiling its C++ device guard once for torch {TORCH_VERSION} (at most about 15 s; "
+            f"jaxtorch: compiling its C++ device guard once for torch {torch_version()} (at most about 15 s; "
             f"cached in {directory})",
             file=sys.stderr,
             flush=True,
@@ -118,7 +118,7 @@ def _compile_guard(directory: Path, target: Path):
                 _GUARD_NAME,
                 [str(_GUARD_SOURCE)],
                 build_directory=str(build),
-                extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={TORCH_VERSION}"],
+                extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch_version()}"],
             )
             built = next(build.glob(f"{_GUARD_NAME}*.so"), None) or next(build.glob(f"{_GUARD_NAME}*.pyd"))
             os.replace(built, target)
