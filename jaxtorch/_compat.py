@@ -5,8 +5,9 @@ The rest of the package imports these by plain name (`from jaxtorch._compat impo
 component, `jax.core`/`jax.interpreters`, `torch.__version__`) is used anywhere else. This module
 imports only the standard library, torch and jax (layer 0 of `tests/test_architecture.py`).
 
-Checked on torch 2.13.0 and 2.14.1, JAX 0.10.2 (and JAX 0.11.2 on the GPU machine) unless a line
-says otherwise. When a new release breaks a name, this is the one file to change.
+Checked (imported here, exercised by the test suite) on torch 2.13.0 and 2.14.1 with JAX 0.10.2,
+unless a line says otherwise; JAX 0.11.2 (seen on the GPU machine) was not checked for this module.
+When a new release breaks a name, this is the one file to change.
 
 Inventory (what each name is for):
 
@@ -26,11 +27,11 @@ torch dispatcher
 - `torch._C.TensorBase`, `torch.Tensor._make_wrapper_subclass`, `torch._C.Generator`,
   `torch._C._swap_tensor_impl`, `torch._C._nn` (and its `_parse_to`): tensor and module internals.
 - `torch._foreach_add`/`_foreach_add_`/`_foreach_sub`/`_foreach_sub_`/`_foreach_mul`: the foreach ops.
-- `torch._lazy_clone`: copy-on-write storage (None where a torch lacks it).
+- `torch._lazy_clone`: copy-on-write storage (None where a torch lacks it; present in 2.13 and 2.14).
 - `torch._utils._rebuild_tensor`, `_rebuild_tensor_v2`, `_rebuild_parameter`, `_rebuild_parameter_with_state`,
   `torch._tensor._rebuild_from_type_v2`: pickling (`__reduce_ex__`).
 - `torch.__version__`: the C++ guard's cache key and error messages.
-- `VERSIONED_OPS`: ATen ops that exist only in some torch releases (`aten::cholesky`, `aten::qr`).
+- `VERSIONED_OPS`: ATen ops that exist only in some torch releases (`aten::cholesky`, `aten::qr`: 2.13 only).
 
 torch autograd / checkpoint
 - `torch._C._current_graph_task_id`, `_current_autograd_node`, `torch._C._autograd._get_sequence_nr`:
@@ -60,8 +61,10 @@ torch amp / optim / nn
   (GradScaler's `_scale`, `_growth_tracker`, `_per_optimizer_states` are read through its own API).
 - `torch.optim.optimizer._foreach_supported_types`: the tensor types foreach optimizers accept.
 - `torch.nn.modules.conv._ConvNd`: the base of the convolution modules.
-- Private attributes of torch objects read in place (not names of torch's modules): `module._parameters`,
-  `_buffers`, `_modules`, an op's `_schema`, `SymInt.node.expr`; listed here, used where they are.
+- Private attributes of torch objects, read or set where they are used (not enforced by the test, which
+  sees only names rooted at `torch`/`jax`): an op's `_schema`; `nn.Module._parameters`, `_buffers`,
+  `_backward_hooks`; a tensor's `_version`, `_cdata`, `_typed_storage()`, `_untyped_storage`;
+  GradScaler's `_scale`, `_enabled`, `_per_optimizer_states`, `_unscale_grads_`; `SymInt.node.expr`.
 
 JAX core / tracing
 - `jax.core.Tracer`, `jax.core.eval_jaxpr`, `jax.core.ShapedArray`: tracers, jaxpr evaluation, avals.

@@ -192,6 +192,17 @@ g = "torch._C"  # strings are not uses
     assert private_names(source) == []
 
 
+def test_a_planted_module_is_found(tmp_path):
+    pkg = tmp_path / "jaxtorch"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "_compat.py").write_text("import torch\nDispatchKey = torch._C.DispatchKey\n")
+    (pkg / "ops" / "planted.py").write_text("import torch\n\n\ndef f():\n    return torch._C._nn\n")
+    assert sites(pkg) == {
+        "jaxtorch/_compat.py": [(2, "torch._C.DispatchKey")],
+        "jaxtorch/ops/planted.py": [(5, "torch._C._nn")],
+    }
+
+
 def test_no_private_name_outside_compat():
     found = {mod: s for mod, s in sites().items() if mod != "jaxtorch/_compat.py"}
     lines = [f"{mod}:{line}: {name}" for mod, s in found.items() for line, name in s]
