@@ -47,7 +47,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._compat import (
+    OpOverload,
+    OpOverloadPacket,
+    TorchDispatchMode,
+    all_op_names,
+    core_aten_decompositions,
+    torch_nn_functions,
+    torch_pytree,
+)
 
 with warnings.catch_warnings():  # tqdm.auto warns in Jupyter when ipywidgets is missing; it falls back fine
     warnings.simplefilter("ignore")
@@ -127,7 +136,7 @@ def _progress_shown(n: int) -> bool:
 
 
 # ---- classification (read from the routing table the interpreter builds from) -----------------
-def op_name(op: torch._ops.OpOverload) -> str:
+def op_name(op: OpOverload) -> str:
     """`"aten::add.Tensor"`, `"aten::zeros.default"`: the overload's full name.
 
     **Arguments:**
@@ -143,7 +152,7 @@ def op_name(op: torch._ops.OpOverload) -> str:
     return f"{op._schema.name}.{op._overloadname}"
 
 
-def how(op: torch._ops.OpOverload) -> str:
+def how(op: OpOverload) -> str:
     """How jaxtorch runs `op`: `"lowered"`, `"decomposed"` or `"missing"` (from its route's kind).
 
     **Arguments:**
@@ -159,7 +168,7 @@ def how(op: torch._ops.OpOverload) -> str:
     return _VERDICT[route(op).kind]
 
 
-def family(op: torch._ops.OpOverload) -> str:
+def family(op: OpOverload) -> str:
     """The `jaxtorch.ops` module that lowers `op` (`"bridge"` for the bridge's own ops, `""` if none).
 
     **Arguments:**
@@ -207,7 +216,7 @@ _PUBLIC_NAMESPACES = (
     ("", torch),
     ("", torch.Tensor),
     ("", torch.nn.functional),
-    ("", torch._C._nn),  # what torch.nn.functional calls (gelu, linear, upsample_*, *_loss, ...)
+    ("", torch_nn_functions),  # what torch.nn.functional calls (gelu, linear, upsample_*, *_loss, ...)
     ("special_", torch.special),
     ("linalg_", torch.linalg),
     ("fft_", torch.fft),
@@ -225,10 +234,10 @@ def _is_public(base: str) -> bool:
     return False
 
 
-def _public_ops() -> list[torch._ops.OpOverload]:
+def _public_ops() -> list[OpOverload]:
     """Every `aten::` overload (out= and in-place ones included) whose op a user calls by name."""
     out = []
-    for name in torch._C._dispatch_get_all_op_names():
+    for name in all_op_names():
         if name.startswith("aten::") and _is_public(name[len("aten::") :].partition(".")[0]):
             op = _overload(name)
             if op is not None and not _is_backend_specific(op):
@@ -236,7 +245,7 @@ def _public_ops() -> list[torch._ops.OpOverload]:
     return out
 
 
-def universe(kind: str = "public") -> list[torch._ops.OpOverload]:
+def universe(kind: str = "public") -> list[OpOverload]:
     """The ATen overloads coverage is measured against (see the module docstring).
 
     **Arguments:**
@@ -258,13 +267,11 @@ def universe(kind: str = "public") -> list[torch._ops.OpOverload]:
     if kind == "public":
         return sorted(set(universe("core")) | set(_public_ops()), key=lambda o: o.name())
     if kind == "all":
-        names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
+        names = [n for n in all_op_names() if n.startswith("aten::")]
         ops = {op for op in map(_overload, names) if op is not None}
     elif kind == "core":
-        from torch._decomp import core_aten_decompositions
-
-        ops = {op for op in core_aten_decompositions() if isinstance(op, torch._ops.OpOverload)}
-        for name in torch._C._dispatch_get_all_op_names():
+        ops = {op for op in core_aten_decompositions() if isinstance(op, OpOverload)}
+        for name in all_op_names():
             if name.startswith("aten::"):
                 op = _overload(name)
                 if op is not None and torch.Tag.core in op.tags:
@@ -323,14 +330,14 @@ class Report:
         return "\n".join(lines)
 
 
-def _registered_overloads() -> Iterable[torch._ops.OpOverload]:
+def _registered_overloads() -> Iterable[OpOverload]:
     for key in registry.registered_ops():
-        if isinstance(key, torch._ops.OpOverloadPacket):
+        if isinstance(key, OpOverloadPacket):
             for ov in key.overloads():
                 op = getattr(key, ov)
                 if registry.lookup(op) is not None and not mutated_args(op):
                     yield op
-        elif isinstance(key, torch._ops.OpOverload):
+        elif isinstance(key, OpOverload):
             yield key
 
 
@@ -380,7 +387,7 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _to_meta_tree(tree):
-    return torch.utils._pytree.tree_map(lambda x: _meta_like(x) if isinstance(x, torch.Tensor) else x, tree)
+    return torch_pytree.tree_map(lambda x: _meta_like(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _leaf_to(x, device: str):
@@ -432,9 +439,7 @@ def _run_recorded(model, args, kwargs, device: str, backward: bool) -> dict:
     with torch.set_grad_enabled(backward), rec:
         out = call()
         if backward:
-            leaves = [
-                t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad
-            ]
+            leaves = [t for t in torch_pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             if leaves:
                 torch.autograd.backward([t.sum() for t in leaves])
     return rec.calls

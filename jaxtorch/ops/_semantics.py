@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compat import Tracer
 from ..bridge.core._dtypes import canonical_int, default_float
 
 DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT, BOOL_TO_LONG, NO_PROMOTE = (
@@ -70,7 +71,7 @@ def _default_for(cat: int):
 
 
 def is_array(x) -> bool:
-    return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray))
+    return isinstance(x, (jax.Array, Tracer, np.ndarray))
 
 
 def broadcast_shapes(*shapes: tuple) -> tuple:

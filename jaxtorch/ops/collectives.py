@@ -40,12 +40,12 @@ import numpy as np
 import torch
 from jax import lax
 
+from .._compat import import_functional_collectives, resolve_process_group
 from ..bridge.core import _tracing
 from ..bridge.core._errors import CollectiveError
 from ..bridge.core._registry import register
 
-if torch.distributed.is_available():
-    import torch.distributed._functional_collectives  # (defines `_wrap_tensor_autograd`)
+import_functional_collectives()  # (defines `_wrap_tensor_autograd`)
 
 c10d = torch.ops._c10d_functional
 Axes = tuple[str, ...]
@@ -147,10 +147,8 @@ def _registered_size(name: str) -> int | None:
     none is (a name the functional API passed through unresolved)."""
     if not torch.distributed.is_available():
         return None
-    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group  # (private: name -> group)
-
     try:
-        return _resolve_process_group(GroupName(name)).size()
+        return resolve_process_group(name).size()
     except (RuntimeError, ValueError, KeyError, LookupError):
         return None
 

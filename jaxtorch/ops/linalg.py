@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from jax._src.lax import linalg as _lax_linalg_private  # geqrf is not re-exported
 from jax.lax import linalg as lax_linalg
 
+from .._compat import Tracer
+from .._compat import geqrf as householder_qr
 from ..bridge.core._dtypes import canonical_int
 from ..bridge.core._registry import register, versioned
 from ._accumulate import accumulation_dtype, is_half, opmath, round_to, upcast
@@ -386,7 +387,7 @@ def linalg_qr(a, mode="reduced"):
 
 @register(aten.geqrf.default)
 def geqrf(a):
-    return tuple(_lax_linalg_private.geqrf(a))
+    return tuple(householder_qr(a))
 
 
 def _householder_steps(a, tau, ncols):
@@ -630,7 +631,7 @@ def linalg_matrix_exp(a):
 @register(aten._linalg_check_errors.default)
 def linalg_check_errors(info, api_name, *, is_matrix):
     """Raise torch's error for a failed factorization when `info` is concrete; no-op when traced."""
-    if isinstance(info, jax.core.Tracer):
+    if isinstance(info, Tracer):
         return None
     bad = np.asarray(info)
     if bad.size and np.any(bad != 0):

@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from torch.utils._python_dispatch import _disable_current_modes
 
+from .._compat import DisableTorchFunction, Tracer, disable_current_modes
 from ..bridge.core._errors import TracedSizesError
 from ..bridge.core._random import next_key
 from ..bridge.core._registry import keep_whole, register, vjp_node
@@ -210,7 +210,7 @@ def run_layers(
 
 # ---- packed sequences: concrete batch sizes -> gather indices and a mask ---------------------
 def _concrete_sizes(sizes) -> np.ndarray:
-    if isinstance(sizes, jax.core.Tracer):
+    if isinstance(sizes, Tracer):
         raise TracedSizesError(sizes, "")
     return np.asarray(sizes).astype(np.int64)
 
@@ -433,5 +433,5 @@ def pack_padded_sequence(input, lengths, batch_first):
     sizes = (lens[None, :] > np.arange(int(lens[0]))[:, None]).sum(1)
     _, mask = _packed_layout(sizes)
     data = _repack(x[: len(sizes)], mask)
-    with _disable_current_modes(), torch._C.DisableTorchFunction():  # a CPU tensor whatever modes are on
+    with disable_current_modes(), DisableTorchFunction():  # a CPU tensor whatever modes are on
         return data, torch.from_numpy(sizes.astype(np.int64))

@@ -28,6 +28,7 @@ import torch
 from jax import lax
 from jax.extend.core import concrete_or_error
 
+from .._compat import DispatchKey, OpOverload, all_op_names, decomposition_table, has_kernel_for_dispatch_key
 from ..bridge.core._dtypes import to_torch_dtype
 from ..bridge.core._registry import keep_whole, lookup, register
 from ._semantics import canon_dim
@@ -391,11 +392,11 @@ def alias_copy(a):
     return jnp.array(a, copy=True)
 
 
-def _view_copies() -> dict[torch._ops.OpOverload, torch._ops.OpOverload]:
+def _view_copies() -> dict[OpOverload, OpOverload]:
     """Every functional `X_copy` overload torch tags `view_copy` -> the view overload `X` it copies
     (`select_copy.int` -> `select.int`); `.out` overloads are derived by the interpreter."""
     pairs = {}
-    for name in torch._C._dispatch_get_all_op_names():
+    for name in all_op_names():
         base, _, overload = name.partition("::")[2].partition(".")
         if not name.startswith("aten::") or not base.endswith("_copy"):
             continue
@@ -410,7 +411,7 @@ def _view_copies() -> dict[torch._ops.OpOverload, torch._ops.OpOverload]:
     return pairs
 
 
-def _copy_of(view: torch._ops.OpOverload) -> Callable:
+def _copy_of(view: OpOverload) -> Callable:
     """The lowering of `X_copy`: `X`'s lowering, looked up at call time (arrays never alias, so the
     view's values are the copy's)."""
 
@@ -423,14 +424,12 @@ def _copy_of(view: torch._ops.OpOverload) -> Callable:
     return view_copy
 
 
-def _decomposed(op: torch._ops.OpOverload) -> bool:
+def _decomposed(op: OpOverload) -> bool:
     """Whether torch decomposes `op` (`permute_copy`, `as_strided_copy`, `split_with_sizes_copy`, ...):
     those keep torch's decomposition, which routes the view through the interpreter's views (an
     `as_strided` of the input's storage, `out=` lists of tensors) and then copies."""
-    from torch._decomp import decomposition_table
-
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
-    return op in decomposition_table or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+    key = DispatchKey.CompositeImplicitAutograd
+    return op in decomposition_table or has_kernel_for_dispatch_key(op.name(), key)
 
 
 for _copy_op, _view in _view_copies().items():  # views without a lowering (sparse, nested) stay out

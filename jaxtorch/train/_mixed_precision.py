@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._compat import Tracer
+
 
 @dataclasses.dataclass(frozen=True)
 class MixedPrecision:
@@ -67,7 +69,7 @@ def resolve(policy: None | str | MixedPrecision) -> MixedPrecision | None:
 
 def _cast_floats(tree: Any, dtype: Any) -> Any:
     def cast(x: Any) -> Any:
-        if isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+        if isinstance(x, (jax.Array, Tracer)) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
             return x.astype(dtype)
         return x
 

@@ -32,6 +32,7 @@ import optax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._compat import Tracer
 from ..bridge.api._jax_first import module_function
 from ..bridge.core import _checks
 from ..bridge.state._binding import split_state
@@ -221,7 +222,7 @@ def micro_batches(tree: Any, accumulate: int) -> tuple[list, Callable[[list], An
 
 def _concrete(x: Any) -> bool:
     """Whether `x` is a `jax.Array` with a buffer (not a tracer: the step may run under a user's jit)."""
-    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    return isinstance(x, jax.Array) and not isinstance(x, Tracer)
 
 
 def _deleted(x: Any) -> bool:
@@ -449,7 +450,7 @@ def make_train_step(
             new = optax.apply_updates(trained, updates)
             new = {k: v.astype(trained[k].dtype) for k, v in new.items()}
             rest = {k: written.get(k, v) for k, v in state.model_state.items()}
-            if jit and isinstance(loss, jax.core.Tracer):
+            if jit and isinstance(loss, Tracer):
                 fn.release_module()  # traced: the compiled step no longer needs the module (a retrace does)
             return TrainState(params=new, model_state=rest, opt_state=opt_state, step=state.step + 1), loss
 

@@ -95,6 +95,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..._compat import Tracer
 from ..core import _checks, _random
 from ..core import _pytrees as pytrees
 from ..core._autodiff import jax_differentiates
@@ -447,7 +448,7 @@ def _write_state(t: torch.Tensor, value: Any) -> None:
 
 
 def _inexact(x: Any) -> bool:
-    return isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
+    return isinstance(x, (jax.Array, Tracer)) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
 def _differentiable_params(holders: Holders) -> list[tuple[int, JaxTensor]]:

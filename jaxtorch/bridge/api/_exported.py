@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 import sympy
 import torch
-import torch.utils._pytree as torch_pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from ..._compat import HigherOrderOperator, OpOverload, Tracer, torch_pytree
 from ..core import _registry as registry
 from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import scalar_jax_dtype, to_jax_dtype
@@ -103,7 +103,7 @@ def _args_of(node: torch.fx.Node) -> list[tuple[Any, Any]]:
 
 def _written_args(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The tensors an ATen call writes in place (`Tensor(a!)` arguments)."""
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return []
     out = []
     for arg, value in _args_of(node):
@@ -117,7 +117,7 @@ def _is_written(node: torch.fx.Node) -> bool:
     for user in node.users:
         if node in _written_args(user):
             return True
-        if isinstance(user.target, torch._ops.OpOverload) and any(
+        if isinstance(user.target, OpOverload) and any(
             value is node and arg.alias_info is not None for arg, value in _args_of(user)
         ):
             if _is_written(user):  # (a view of `node`)
@@ -166,7 +166,7 @@ def _same_tensor(node: Any) -> bool:
     if node.op == "placeholder":
         return True
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+    if not isinstance(target, OpOverload) or not target._schema.returns:
         return False
     alias = target._schema.returns[0].alias_info
     return alias is not None and alias.is_write
@@ -313,7 +313,7 @@ def _runner(target: Any) -> Callable | None:
         return _OWN[target]
     if target in _SIZE_FUNCTIONS:
         return target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         lowering = registry.lookup(target)
         if lowering is None:
             return None
@@ -321,7 +321,7 @@ def _runner(target: Any) -> Callable | None:
     return None
 
 
-def _lowered(op: torch._ops.OpOverload, lowering: Callable) -> Callable:
+def _lowered(op: OpOverload, lowering: Callable) -> Callable:
     random = registry.is_flagged(op, registry.RANDOM)
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -415,7 +415,7 @@ def _check_program(gm: torch.fx.GraphModule, inputs: set) -> None:
                 "`.item()`..., which a JAX program cannot have. Rewrite it with static sizes "
                 "(`torch.where(mask, x, 0)` instead of `x[mask]`, tensor ops instead of `.item()`) and export again."
             )
-        if isinstance(node.target, torch._ops.HigherOrderOperator):
+        if isinstance(node.target, HigherOrderOperator):
             higher.insert(0, f"`{node.target.name()}`")
         elif _runner(node.target) is None and node.target not in missing:
             missing.append(node.target)
@@ -433,7 +433,7 @@ def _check_program(gm: torch.fx.GraphModule, inputs: set) -> None:
 
 def _data_dependent(target: Any) -> bool:
     return target is aten._local_scalar_dense.default or (
-        isinstance(target, torch._ops.OpOverload) and registry.is_flagged(target, registry.DATA_DEPENDENT)
+        isinstance(target, OpOverload) and registry.is_flagged(target, registry.DATA_DEPENDENT)
     )
 
 
@@ -660,7 +660,7 @@ class ExportedFunction:
             if isinstance(val, torch.Tensor):
                 self._check_array(i, leaf, val, jspec, bindings)
             elif not (leaf is val or (type(leaf) is type(val) and leaf == val)):
-                traced = isinstance(leaf, jax.core.Tracer)
+                traced = isinstance(leaf, Tracer)
                 raise ExportedInputError(
                     f"jaxtorch: argument {i} is {leaf!r}; the program was exported with {val!r}, a constant of it: "
                     + (

@@ -31,7 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_Tracer = jax.core.Tracer
+from ..._compat import Tracer
+
+_Tracer = Tracer
 _local = threading.local()
 
 

@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ..._compat import Tracer
+
 ON: list[bool] = [os.environ.get("JAXTORCH_CHECKS", "0") not in ("", "0")]  # (read on the hot path)
 _FUNCTIONALIZED = [0]  # programs being traced under `checkify` (process-wide: torch runs a
 # backward on its own autograd thread, inside the same trace)
@@ -106,7 +108,7 @@ def check(ok: Any, values: Any, error: type[Exception], message: str) -> None:
         if not ok:
             raise _torch_error(error, message.format(value=values))
         return
-    if not isinstance(ok, jax.core.Tracer) and not isinstance(values, jax.core.Tracer):
+    if not isinstance(ok, Tracer) and not isinstance(values, Tracer):
         ok_np = np.asarray(ok)
         if not ok_np.all():
             vals = np.broadcast_to(np.asarray(values), ok_np.shape)
@@ -268,17 +270,18 @@ def _cpu_zeros(x: Any) -> Any:
 
 def _numel(args: Any, kwargs: dict) -> int:
     import torch
-    from torch.utils._pytree import tree_leaves
 
-    return sum(x.numel() for x in tree_leaves((tuple(args), dict(kwargs))) if isinstance(x, torch.Tensor))
+    from ..._compat import torch_pytree
+
+    return sum(x.numel() for x in torch_pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(x, torch.Tensor))
 
 
 def _raised(func: Any, args: Any, kwargs: dict, like: Callable) -> BaseException | None:
     """The torch error `func` raises on `like`-mirrored arguments (a shape error), or None."""
-    from torch.utils._pytree import tree_map
+    from ..._compat import torch_pytree
 
     try:
-        margs, mkwargs = tree_map(like, (tuple(args), dict(kwargs)))
+        margs, mkwargs = torch_pytree.tree_map(like, (tuple(args), dict(kwargs)))
     except Exception:  # (an argument that cannot be mirrored: keep jaxtorch's error)
         return None
     if str(mkwargs.get("device", "")).split(":")[0] == "jax":  # a factory: mirrored off the jax device

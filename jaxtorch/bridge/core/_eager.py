@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 
+from ..._compat import Tracer
 from . import _checks
 from ._errors import DataDependentError, MissingKeyError
 from ._matmul_precision import matmul_precision
@@ -35,7 +36,7 @@ from ._signature import OpCall, bind, signature
 
 _ENABLED = os.environ.get("JAXTORCH_EAGER_JIT", "1") != "0"
 _MAX = 2000  # cached signatures per op
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _CHECKS = _checks.ON
 
 NOT_JITTABLE_ERRORS = (

@@ -581,10 +581,10 @@ class TorchVersionError(JaxtorchError):
     """
 
     def __init__(self, detail: str):
-        import torch  # this module imports nothing heavy at load time
+        from ..._compat import torch_version  # this module imports nothing heavy at load time
 
         super().__init__(
-            f"{detail}. jaxtorch was checked on torch 2.13 and 2.14 (this is torch {torch.__version__}): install "
+            f"{detail}. jaxtorch was checked on torch 2.13 and 2.14 (this is torch {torch_version()}): install "
             "one of those (`pip install 'torch>=2.13,<2.15'`) or a jaxtorch release that supports this torch."
         )
 

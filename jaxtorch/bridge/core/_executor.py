@@ -29,8 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from jax._src import core as _jax_core
-
+from ..._compat import trace_ctx
 from ._checks import ON as _CHECKS
 from ._eager import EAGER
 from ._lazy import ACTIVE as _LAZY_ON
@@ -65,7 +64,7 @@ class Executor(Protocol):
         ...
 
 
-_trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
+_trace_clean = trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
 
 
 def executor(*values: Any) -> Executor:

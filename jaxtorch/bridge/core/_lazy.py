@@ -57,8 +57,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.lax.lax import _convert_element_type
 
+from ..._compat import convert_element_type
 from . import _eager as eager
 from ._matmul_precision import matmul_precision
 from ._random import next_key, take_generator
@@ -605,7 +605,7 @@ _KEPT, _DONATED, _BAKED, _FLOATS = 0, 1, 2, 3  # how a leaf reaches the program
 def _weak_scalars(vector) -> Iterator:
     """The elements of `vector` as weakly typed scalars, as JAX traces a Python float."""
     for i in range(vector.shape[0]):
-        yield _convert_element_type(vector[i], weak_type=True)
+        yield convert_element_type(vector[i], weak_type=True)
 
 
 def _build(order: list[_Node], outs: tuple, parts: tuple, how: tuple[int, ...], baked: list) -> Callable:

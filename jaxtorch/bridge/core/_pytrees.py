@@ -43,7 +43,8 @@ from typing import Any
 import jax
 import torch
 import torch.return_types
-import torch.utils._pytree as torch_pytree
+
+from ..._compat import Tracer, torch_pytree
 
 _registered: set[type] = set()
 _not_nodes: set[type] = set()  # types seen and found not to be containers (fast path)
@@ -70,7 +71,7 @@ def is_hf_cache_type(cls: type) -> bool:
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, (torch.Tensor, jax.Array, jax.core.Tracer))
+    return isinstance(x, (torch.Tensor, jax.Array, Tracer))
 
 
 # ---- registration -------------------------------------------------------------------------

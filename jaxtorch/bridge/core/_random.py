@@ -22,8 +22,8 @@ import threading
 from typing import Any
 
 import jax
-from jax._src import core as _jax_core
 
+from ..._compat import TorchGenerator, disable_current_modes, trace_state_clean
 from ._errors import GeneratorUnderTraceError, MissingKeyError
 
 _lock = threading.Lock()
@@ -125,11 +125,10 @@ def take_generator(jargs: list, jkwargs: dict):
 
     Example: `next_key(op, take_generator(jargs, jkwargs))`.
     """
-    import torch
 
     g = jkwargs.pop("generator", None)
     for i, a in enumerate(jargs):
-        if isinstance(a, torch._C.Generator):
+        if isinstance(a, TorchGenerator):
             g, jargs[i] = a, None
     return g
 
@@ -149,11 +148,10 @@ def key_from_generator(generator, op=None) -> jax.Array:
         ```
     """
     import torch
-    from torch.utils._python_dispatch import _disable_current_modes
 
-    if not _jax_core.trace_state_clean():
+    if not trace_state_clean():
         raise GeneratorUnderTraceError(op)
-    with _disable_current_modes(), torch.no_grad():
+    with disable_current_modes(), torch.no_grad():
         v = int(torch.empty((), dtype=torch.int64, device="cpu").random_(generator=generator))
     return jax.random.fold_in(jax.random.key(v & 0x7FFFFFFF), (v >> 31) & 0xFFFFFFFF)
 
@@ -167,6 +165,6 @@ def next_key(op=None, generator=None) -> jax.Array:
         cell = stack[-1]
         cell[0], sub = jax.random.split(cell[0])
         return sub
-    if not _jax_core.trace_state_clean():
+    if not trace_state_clean():
         raise MissingKeyError(op)
     return _eager_key()

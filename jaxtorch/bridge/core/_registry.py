@@ -29,11 +29,14 @@ derived from the table (routes, runners, compiled programs) `subscribe` to it (c
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
-OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
+from ..._compat import VERSIONED_OPS as VERSIONED_OPS
+from ..._compat import AutoDispatchBelowAutograd, OpOverload, OpOverloadPacket, versioned_op
+
+OpKey: TypeAlias = OpOverload | OpOverloadPacket
 Lowering = Callable[..., Any]
 
 _LOWERINGS: dict[Any, Lowering] = {}
@@ -118,7 +121,7 @@ def register(
     return decorator
 
 
-def lookup(op: torch._ops.OpOverload) -> Lowering | None:
+def lookup(op: OpOverload) -> Lowering | None:
     """The lowering for `op`: an exact overload entry first, then its packet's entry."""
     try:
         return _CACHE[op]
@@ -132,7 +135,7 @@ def lookup(op: torch._ops.OpOverload) -> Lowering | None:
     return fn
 
 
-def is_flagged(op: torch._ops.OpOverload, table: set) -> bool:
+def is_flagged(op: OpOverload, table: set) -> bool:
     """Whether `op` (or its packet) was registered with the flag whose set is `table`."""
     return op in table or getattr(op, "overloadpacket", None) in table
 
@@ -180,16 +183,11 @@ def register_op(op: OpKey, jax_impl: Lowering, *, data_dependent: bool = False, 
 
 
 # ---- ops that exist only in some torch releases -----------------------------------------------
-# `name.overload` -> the torch releases it was checked in. A lowering of such an op names it through
-# `versioned(...)`, which yields only what the installed torch has, so `import jaxtorch` works on every
-# supported release (torch 2.14 removed `aten::cholesky` and `aten::qr`).
-VERSIONED_OPS: dict[str, str] = {
-    "cholesky.default": "in torch 2.13; removed in 2.14 (torch.linalg.cholesky replaces it)",
-    "qr.default": "in torch 2.13; removed in 2.14 (torch.linalg.qr replaces it)",
-}
-
-
-def versioned(*names: str) -> tuple[torch._ops.OpOverload, ...]:
+# The table, `VERSIONED_OPS` (`name.overload` -> the torch releases it was checked in), lives in
+# `jaxtorch._compat`. A lowering of such an op names it through `versioned(...)`, which yields only what
+# the installed torch has, so `import jaxtorch` works on every supported release (torch 2.14 removed
+# `aten::cholesky` and `aten::qr`).
+def versioned(*names: str) -> tuple[OpOverload, ...]:
     """The ATen overloads among `names` that the installed torch has (each must be in `VERSIONED_OPS`).
 
     **Arguments:**
@@ -199,15 +197,7 @@ def versioned(*names: str) -> tuple[torch._ops.OpOverload, ...]:
 
     **Example:** `@register(*versioned("cholesky.default"))` registers nothing on torch 2.14.
     """
-    found = []
-    for name in names:
-        if name not in VERSIONED_OPS:
-            raise KeyError(f"jaxtorch: {name!r} is not in the registry's VERSIONED_OPS; list it there first")
-        base, _, overload = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, base, None), overload or "default", None)
-        if op is not None:
-            found.append(op)
-    return tuple(found)
+    return tuple(op for op in map(versioned_op, names) if op is not None)
 
 
 # ---- the `jax` device's ATen kernels the lowerings need (registered with torch by `install_kernels`) --
@@ -259,7 +249,7 @@ def _any_requires_grad(args) -> bool:
     return False
 
 
-def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> None:
+def keep_whole(op: OpOverload, recorded: Callable | None = None) -> None:
     """Let a CompositeImplicitAutograd `op` reach jaxtorch undecomposed on the `jax` device.
 
     A `PrivateUse1` kernel stops the dispatcher from decomposing the op, so `__torch_dispatch__`
@@ -280,7 +270,7 @@ def keep_whole(op: torch._ops.OpOverload, recorded: Callable | None = None) -> N
     def autograd(*args, **kwargs):
         if torch.is_grad_enabled() and _any_requires_grad(list(args) + list(kwargs.values())):
             return recorded(*args, **kwargs)
-        with torch._C._AutoDispatchBelowAutograd():
+        with AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
 
     kernel(name, backend, "PrivateUse1")

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import jax
-import torch
-from jax._src import core as _core
+
+from ..._compat import current_graph_task_id, trace_ctx
 
 _published: list = []  # stack of (trace, axis_env, carried) of threads running backward under a trace
 _lock = threading.Lock()
@@ -58,7 +58,7 @@ def _abstract_mesh() -> Callable[[], AbstractContextManager] | None:
 @contextlib.contextmanager
 def backward_in_trace():
     """Publish this thread's JAX trace for torch's autograd threads while the block runs."""
-    ctx = _core.trace_ctx
+    ctx = trace_ctx
     if ctx.is_top_level():
         yield
         return
@@ -81,8 +81,8 @@ def pending() -> bool:
 @contextlib.contextmanager
 def adopted():
     """In an autograd thread, run under the published trace (no-op elsewhere)."""
-    ctx = _core.trace_ctx
-    if not _published or not ctx.is_top_level() or torch._C._current_graph_task_id() == -1:
+    ctx = trace_ctx
+    if not _published or not ctx.is_top_level() or current_graph_task_id() == -1:
         yield
         return
     trace, axis_env, carried = _published[-1]

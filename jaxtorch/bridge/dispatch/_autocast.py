@@ -34,12 +34,21 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
+from ..._compat import (
+    AutoDispatchBelowAutograd,
+    DispatchKey,
+    DispatchKeySet,
+    ExcludeDispatchKeyGuard,
+    OpOverload,
+    make_wrapper_subclass,
+    registrations_for_dispatch_key,
+)
+from ..._compat import torch_pytree as pytree
 from ..core._errors import ProbeStop, TorchVersionError
 
 DEVICE_TYPE = "jax"
-_KEY = torch._C.DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]
+_KEY = DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]
 
 
 # ---- torch's CPU policy, read from the installed torch ----------------------------------------
@@ -48,7 +57,7 @@ class _Probe(torch.Tensor):
 
     @staticmethod
     def __new__(cls, dtype: torch.dtype):
-        return torch.Tensor._make_wrapper_subclass(cls, (2, 2), dtype=dtype, device=torch.device("cpu"))
+        return make_wrapper_subclass(cls, (2, 2), dtype=dtype, device=torch.device("cpu"))
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:  # type: ignore[override]
@@ -61,7 +70,7 @@ _PLAIN: dict[str, object] = {
 }  # fmt: skip
 
 
-def _probe_arguments(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> tuple[list, dict] | None:
+def _probe_arguments(op: OpOverload, dtypes: list[torch.dtype]) -> tuple[list, dict] | None:
     """Arguments for `op`'s required parameters: `_Probe` tensors of `dtypes` in order (the last one
     repeated), a plain value or None for the others; None when a parameter's type is unknown here."""
     tensors = iter([*dtypes[:-1], *[dtypes[-1]] * 16])
@@ -88,7 +97,7 @@ def _probe_arguments(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> tu
     return args, kwargs
 
 
-def _cast_dtype(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> torch.dtype | None:
+def _cast_dtype(op: OpOverload, dtypes: list[torch.dtype]) -> torch.dtype | None:
     """The dtype CPU autocast (to bfloat16) casts `op`'s tensor arguments to when they have `dtypes`;
     None when it casts none. Below autograd, a composite op reaches the probes whole (its body never
     runs), so the first op they see is autocast's cast (`aten.to.dtype`) or `op` itself."""
@@ -96,7 +105,7 @@ def _cast_dtype(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> torch.d
     if built is None:
         return None
     args, kwargs = built
-    with torch._C._AutoDispatchBelowAutograd(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with AutoDispatchBelowAutograd(), torch.autocast("cpu", dtype=torch.bfloat16):
         try:
             op(*args, **kwargs)
         except ProbeStop as stop:
@@ -111,7 +120,7 @@ def _cast_dtype(op: torch._ops.OpOverload, dtypes: list[torch.dtype]) -> torch.d
     return None
 
 
-def probe_cpu_policy(op: torch._ops.OpOverload) -> str | None:
+def probe_cpu_policy(op: OpOverload) -> str | None:
     """torch's CPU autocast policy of `op`, read by calling it under `torch.autocast("cpu")` on
     storage-less probe tensors (nothing is computed: the probe stops at the first op it reaches).
 
@@ -133,7 +142,7 @@ def probe_cpu_policy(op: torch._ops.OpOverload) -> str | None:
     return None
 
 
-def _overload(name: str) -> torch._ops.OpOverload | None:
+def _overload(name: str) -> OpOverload | None:
     """The ATen overload named `name` (`"conv1d.padding"`, `"mm"`), or None if this torch lacks it."""
     base, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, base, None)
@@ -149,7 +158,7 @@ def cpu_policies() -> dict[str, str | None]:
     **Example:** `cpu_policies()["linalg_cholesky"]` is `"fp32"`.
     """
     table: dict[str, str | None] = {}
-    for qualified in sorted(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")):
+    for qualified in sorted(registrations_for_dispatch_key("AutocastCPU")):
         namespace, _, name = qualified.partition("::")
         op = _overload(name) if namespace == "aten" else None
         if op is not None:
@@ -207,10 +216,10 @@ def _projected(hx) -> bool:
     return len(hx) == 2 and hx[0].shape[-1] != hx[1].shape[-1]
 
 
-def _kernel(op: torch._ops.OpOverload, policy: str | None) -> Callable:
+def _kernel(op: OpOverload, policy: str | None) -> Callable:
     """The `AutocastPrivateUse1` kernel of `op`: cast as `policy` says, run `op` below autocast
     (a policy that `probe_cpu_policy` could not read raises `TorchVersionError`)."""
-    exclude = torch._C.DispatchKeySet(_KEY)
+    exclude = DispatchKeySet(_KEY)
 
     def kernel(*args, **kwargs):
         if policy is None:
@@ -220,7 +229,7 @@ def _kernel(op: torch._ops.OpOverload, policy: str | None) -> Callable:
                 "(`with torch.autocast('jax', enabled=False):`) with inputs you cast yourself"
             )
         lower = torch.get_autocast_dtype(DEVICE_TYPE)
-        with torch._C._ExcludeDispatchKeyGuard(exclude):
+        with ExcludeDispatchKeyGuard(exclude):
             if policy in ("lower", "lstm"):
                 target = lower
             elif policy == "fp32":

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..._compat import c10d_backend_plugins
 from ..core._errors import CollectiveError
 
 BACKEND = "jax"
@@ -230,7 +231,7 @@ def install_jax_backend() -> None:
 
     **Example:** `install_jax_backend(); dist.init_process_group("jax", rank=0, world_size=8, store=dist.HashStore())`.
     """
-    if dist.is_available() and BACKEND.upper() not in dist.Backend._plugins:
+    if dist.is_available() and BACKEND.upper() not in c10d_backend_plugins():
         dist.Backend.register_backend(BACKEND, _create, devices=["jax", "cpu"])
 
 

@@ -45,15 +45,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax._src import core as _jax_core
-from torch._higher_order_ops.cond import cond_op
-from torch._higher_order_ops.map import map_impl
-from torch._higher_order_ops.scan import scan_op
-from torch._higher_order_ops.while_loop import while_loop_op
-from torch.utils import _python_dispatch
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..._compat import (
+    DispatchKey,
+    TorchDispatchMode,
+    Tracer,
+    cond_op,
+    eval_jaxpr,
+    map_impl,
+    python_dispatch_stack_len,
+    scan_op,
+    trace_ctx,
+    while_loop_op,
+)
+from ..._compat import torch_pytree as pytree
 from ..core import _lazy, _random
 from ..core._errors import ControlFlowError
 from ..tensor._tensor import JaxTensor, labelled, root, root_data
@@ -114,7 +119,7 @@ class _Reads(TorchDispatchMode):
                 r = root(a)
                 data = root_data(r)
                 if id(r) not in self.roots and not (
-                    isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is self.trace
+                    isinstance(data, Tracer) and getattr(data, "_trace", None) is self.trace
                 ):
                     self.roots[id(r)] = r
         if func in _KERNELS:  # a control-flow op inside the body (under `inference_mode`)
@@ -136,7 +141,7 @@ class _Body:
     grad_inputs: list[JaxTensor]  # the roots from outside requiring grad that the body reads
 
     def __call__(self, consts: list, arrays: list) -> list:
-        return jax.core.eval_jaxpr(self.jaxpr, consts, *arrays)
+        return eval_jaxpr(self.jaxpr, consts, *arrays)
 
     def const_at(self, value) -> int:
         """The position of `value` (the very object) among the constants; -1 if absent."""
@@ -157,7 +162,7 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
     info: dict[str, Any] = {}
 
     def region(*arrays):
-        trace = _jax_core.trace_ctx.trace
+        trace = trace_ctx.trace
         inner = [labelled(a, d) for a, (_, d, _) in zip(arrays, specs)]
         guard = _Guard(trace, inner, where)
         stack = _guards.__dict__.setdefault("stack", [])
@@ -185,7 +190,7 @@ def _trace(fn: Callable[[list], Any], specs: list[_Spec], where: str, grad_on: b
             if id(root(o)) in mine:
                 raise ControlFlowError(where, "returns (a view of) one of its inputs", "Return a `.clone()` of it")
             data = root_data(o)
-            if not (isinstance(data, jax.core.Tracer) and getattr(data, "_trace", None) is trace):
+            if not (isinstance(data, Tracer) and getattr(data, "_trace", None) is trace):
                 raise ControlFlowError(
                     where, "returns (a view of) a tensor from outside the body", "Return a `.clone()` of it"
                 )
@@ -497,7 +502,7 @@ def _under_a_mode(wrapper: Callable, mode_cls: type) -> Callable:
     tensor but skips its frame (running the HOP, hence the kernels here) when a dispatch mode is on."""
 
     def run(*args, **kwargs):
-        if _python_dispatch._len_torch_dispatch_stack() == 0 and any(
+        if python_dispatch_stack_len() == 0 and any(
             isinstance(a, JaxTensor) for a in pytree.tree_leaves((args, kwargs))
         ):
             with mode_cls():
@@ -518,11 +523,11 @@ def install(mode_cls: type) -> None:
         if not hasattr(public, "jaxtorch_wraps"):
             setattr(torch, name, _under_a_mode(public, mode_cls))
     for hop, run in _KERNELS.items():
-        if torch._C.DispatchKey.AutogradPrivateUse1 in hop.py_kernels:
+        if DispatchKey.AutogradPrivateUse1 in hop.py_kernels:
             continue
         # torch runs an eager HOP call inside `torch.compile`'s frame hook: the kernel and what it calls
         # are never compiled by dynamo (the bodies run as torch code on jax tensors, traced by JAX)
         kernel = torch.compiler.disable(run)
-        hop.py_impl(torch._C.DispatchKey.AutogradPrivateUse1)(kernel)
+        hop.py_impl(DispatchKey.AutogradPrivateUse1)(kernel)
         hop.py_impl(JaxTensor)(kernel)
         hop.py_impl(mode_cls)(torch.compiler.disable(lambda mode, *args, _k=run, **kwargs: _k(*args, **kwargs)))

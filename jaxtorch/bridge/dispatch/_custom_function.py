@@ -44,14 +44,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
 from jax.custom_derivatives import SymbolicZero
 
+from ..._compat import Tracer, default_setup_context
+from ..._compat import torch_pytree as pytree
 from ..core._autodiff import differentiated_by_jax, stop_gradient
 from ..core._errors import OnceDifferentiableError
 from ..tensor._tensor import JaxTensor, labelled, set_same_data, write
 
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _Function = torch.autograd.Function
 # torch's own `apply`: a Python classmethod in torch 2.13, a C `classmethod_descriptor` in 2.14
 _TORCH_APPLY = _Function.__dict__["apply"]
@@ -141,7 +142,7 @@ class _Ctx:
 
 
 def _is_setup_context_defined(cls) -> bool:
-    return cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context
+    return cls.setup_context is not default_setup_context
 
 
 def _split_ctx(ctx: _Ctx) -> tuple[list, Any]:

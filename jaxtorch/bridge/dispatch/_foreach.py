@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..._compat import foreach_supported_types
 from ..core import _registry as registry
 
 aten = torch.ops.aten
@@ -168,10 +169,8 @@ def enable_for_optimizers(tensor_type: type) -> None:
     there: PrivateUse1) AND tensor types in `torch.optim.optimizer._foreach_supported_types`
     (`Tensor`, `Parameter`); parameters moved to the jax device are `JaxTensor`s.
     """
-    import torch.optim.optimizer as optimizer
-
-    supported = getattr(optimizer, "_foreach_supported_types", None)
-    if isinstance(supported, list) and tensor_type not in supported:
+    supported = foreach_supported_types()
+    if supported is not None and tensor_type not in supported:
         supported.append(tensor_type)
 
 

@@ -39,16 +39,17 @@ import jax
 import torch
 from torch.amp.grad_scaler import GradScaler, OptState
 
+from ..._compat import Tracer, get_grad_scaler_maybe_opt_step, set_grad_scaler_maybe_opt_step
 from ..core import _pytrees as pytrees
 from ..core._errors import GradScalerError
 from ..core._executor import executor
 from ..core._float_bits import f32_reciprocal
 from ..tensor._tensor import JaxTensor, labelled, root, root_data
 
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _torch_scale = GradScaler.scale
 _torch_unscale_ = GradScaler.unscale_
-_torch_maybe_opt_step = GradScaler._maybe_opt_step
+_torch_maybe_opt_step = get_grad_scaler_maybe_opt_step()
 # the scalers a compiled call made from its arguments (`ArgState.rebuild` unflattens them): program state
 _COPIES: weakref.WeakSet[GradScaler] = weakref.WeakSet()
 
@@ -177,7 +178,7 @@ def install() -> None:
     growth tracker at every call and writes them back, also when its first call creates them."""
     GradScaler.scale = scale  # type: ignore[method-assign]
     GradScaler.unscale_ = unscale_  # type: ignore[method-assign]
-    GradScaler._maybe_opt_step = _maybe_opt_step  # type: ignore[method-assign]
+    set_grad_scaler_maybe_opt_step(_maybe_opt_step)
     pytrees.register(GradScaler, _flatten, _unflatten, _flatten_with_keys)  # (registers once)
 
 

@@ -35,16 +35,16 @@ from collections.abc import Callable
 
 import jax
 import torch
-import torch.utils.hooks as torch_hooks
 from jax.custom_derivatives import SymbolicZero
 
+from ..._compat import Tracer, get_backward_hook_apply_on_tensors, set_backward_hook_apply_on_tensors
 from ..core._autodiff import differentiated_by_jax
 from ..core._errors import HookUnderTraceError
 from ..tensor import _device
 from ..tensor._device import keep_hook_errors
 from ..tensor._tensor import JaxTensor, labelled, root, set_same_data
 
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _local = threading.local()
 
 
@@ -182,7 +182,7 @@ def hook_parameter(value: JaxTensor, param: torch.Tensor) -> JaxTensor:
 
 
 _torch_register_hook = torch.Tensor.register_hook
-_torch_apply_on_tensors = torch_hooks.BackwardHook._apply_on_tensors
+_torch_apply_on_tensors = get_backward_hook_apply_on_tensors()
 
 
 def _register_hook(self, hook):
@@ -298,5 +298,5 @@ def install() -> None:
         _torch_register_hook = torch.Tensor.register_hook
         _register_hook.__wrapped__ = _torch_register_hook  # type: ignore[attr-defined]
         torch.Tensor.register_hook = _register_hook  # type: ignore[method-assign]
-    if torch_hooks.BackwardHook._apply_on_tensors is not _apply_on_tensors:
-        torch_hooks.BackwardHook._apply_on_tensors = _apply_on_tensors  # type: ignore[method-assign]
+    if get_backward_hook_apply_on_tensors() is not _apply_on_tensors:
+        set_backward_hook_apply_on_tensors(_apply_on_tensors)

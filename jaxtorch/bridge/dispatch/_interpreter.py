@@ -29,10 +29,22 @@ from typing import Any
 import jax
 import numpy as np
 import torch
-from jax._src import core as _jax_core
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..._compat import (
+    OpOverload,
+    OpOverloadPacket,
+    TensorBase,
+    TorchDispatchMode,
+    Tracer,
+    foreach_add,
+    foreach_add_,
+    foreach_mul,
+    foreach_sub,
+    foreach_sub_,
+    has_kernel_for_dispatch_key,
+    trace_ctx,
+)
 from ..core import _lazy as lazy
 from ..core import _registry as registry
 from ..core import _tracing as tracing
@@ -67,7 +79,7 @@ from ._routing import functional_sibling as _functional_sibling
 from ._routing import mutated_args as _mutated_args
 
 aten = torch.ops.aten
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _ArrayImpl = type(jax.numpy.zeros(()))
 _Lazy = lazy.LazyArray
 _local = threading.local()
@@ -693,7 +705,7 @@ def invalidate_cache() -> None:
     registry.notify()
 
 
-_trace_clean = _jax_core.trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
+_trace_clean = trace_ctx.is_top_level  # (per thread: trace_ctx is thread-local)
 
 
 def dispatch(func, args, kwargs):
@@ -936,7 +948,7 @@ _LIFT_FRESH = aten.lift_fresh.default
 
 
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
-_DATA = torch._C.TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
+_DATA = TensorBase.__dict__["data"]  # (its `__set__` is the function `t.data = v` calls)
 
 
 class JaxFunctionMode(TorchFunctionMode):
@@ -965,14 +977,14 @@ _ALPHA_OPS = frozenset(
     {
         torch.add,
         torch.sub,
-        torch._C.TensorBase.add,
-        torch._C.TensorBase.add_,
-        torch._C.TensorBase.sub,
-        torch._C.TensorBase.sub_,
-        torch._foreach_add,
-        torch._foreach_add_,
-        torch._foreach_sub,
-        torch._foreach_sub_,
+        TensorBase.add,
+        TensorBase.add_,
+        TensorBase.sub,
+        TensorBase.sub_,
+        foreach_add,
+        foreach_add_,
+        foreach_sub,
+        foreach_sub_,
     }
 )
 
@@ -988,20 +1000,18 @@ def _scaled_by_alpha(func, args, kwargs):
     Example: `p.add_(g, alpha=-lr)` -> `p.add_(g * -lr)`."""
     self_, other, *rest = args
     alpha = kwargs.pop("alpha")
-    other = torch._foreach_mul(other, alpha) if isinstance(other, (list, tuple)) else other * alpha
+    other = foreach_mul(other, alpha) if isinstance(other, (list, tuple)) else other * alpha
     return func(self_, other, *rest, **kwargs)
 
 
 # what torch's autograd never differentiates through, seen as the user calls it (torch's own internal
 # detaches, such as its saved tensors', are plain aliases: double backward goes through them)
-_OUTSIDE_GRAPH = frozenset(
-    {torch._C.TensorBase.detach, torch._C.TensorBase.detach_, torch._C.TensorBase.new_tensor, torch.tensor}
-)
+_OUTSIDE_GRAPH = frozenset({TensorBase.detach, TensorBase.detach_, TensorBase.new_tensor, torch.tensor})
 
 
 # factories from data: torch makes their values on the CPU and copies them to the device below the modes
 # (`_to_copy_kernel`); a 0-dim float64 one is a factory's scalar, not an explicit move (see `_to_copy`)
-_FROM_DATA = frozenset({torch._C.TensorBase.new_tensor, torch.tensor, torch.as_tensor, torch.asarray})
+_FROM_DATA = frozenset({TensorBase.new_tensor, torch.tensor, torch.as_tensor, torch.asarray})
 
 
 def _from_data_call(func, args, kwargs):
@@ -1102,12 +1112,12 @@ def _register_factory_kernels() -> list:
     """Give each lowered factory without a `jax` backend kernel one (`_factory_kernel`)."""
     done = []
     for key in registry.registered_ops():
-        packet = isinstance(key, torch._ops.OpOverloadPacket)
+        packet = isinstance(key, OpOverloadPacket)
         overloads = [getattr(key, o) for o in key.overloads()] if packet else [key]
         for op in overloads:
-            if not isinstance(op, torch._ops.OpOverload) or not _is_lowered_factory(op):
+            if not isinstance(op, OpOverload) or not _is_lowered_factory(op):
                 continue
-            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
+            if has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
                 continue  # (`empty`, `empty_strided`: the kernels above)
             _backend_lib[0].impl(op.name().split("::")[1], _factory_kernel(op), "PrivateUse1")
             done.append(op)

@@ -40,10 +40,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import torch
-from jax._src import core as _jax_core
 from torch.autograd.function import once_differentiable
-from torch.utils import _pytree as pytree
 
+from ..._compat import autograd_sequence_nr, eval_jaxpr, trace_ctx, trace_state_clean
+from ..._compat import torch_pytree as pytree
 from ..core import _lazy, _random, _tracing
 from ..tensor._tensor import JaxTensor, labelled, root, root_data, set_root_data, was_written, write
 from . import _writes
@@ -61,7 +61,7 @@ def applies(args: tuple, kwargs: dict) -> bool:
             if not isinstance(a, JaxTensor) or type(a._raw()) is _lazy.LazyArray:
                 return False
             found = True
-    return found and not _jax_core.trace_state_clean()
+    return found and not trace_state_clean()
 
 
 # ---- writes to tensors from outside the region ----------------------------------------------
@@ -178,7 +178,7 @@ class _Region:
 
     def __call__(self, arrays: list, key, consts: list):
         flat = jax.tree_util.tree_leaves((arrays, key))
-        out = jax.core.eval_jaxpr(self.jaxpr, consts, *flat)
+        out = eval_jaxpr(self.jaxpr, consts, *flat)
         return jax.tree_util.tree_unflatten(self.out_tree, out)
 
     def run(self, arrays: list, key, consts: list):
@@ -190,8 +190,8 @@ def _trace(function: Callable, flat: list, spec, at: list[int], key, grad_on: bo
     info: dict[str, Any] = {}
 
     def region(arrays, key):
-        trace = _jax_core.trace_ctx.trace
-        start = torch._C._autograd._get_sequence_nr()  # (autograd nodes made from here on are the region's)
+        trace = trace_ctx.trace
+        start = autograd_sequence_nr()  # (autograd nodes made from here on are the region's)
         inner = [labelled(a, t.dtype) for a, t in zip(arrays, inputs)]
         given: list[torch.Tensor] = list(inner)  # what the function gets: a non-leaf argument requiring grad stays one
         for j, (x, t) in enumerate(zip(inner, inputs)):

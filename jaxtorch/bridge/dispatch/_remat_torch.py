@@ -41,6 +41,7 @@ import jax
 import torch
 import torch.utils.checkpoint as _tc
 
+from ..._compat import CHECKPOINT_GENERATORS, Tracer, dynamo_disable
 from ..core import _lazy, _random, _tracing
 from ..core._errors import TorchVersionError
 from ..core._executor import executor
@@ -55,10 +56,7 @@ _OriginalFunction = _tc.CheckpointFunction
 # - torch 2.14: `_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, preserve_rng_state, ...)`
 #   (`_checkpoint_without_reentrant_generator` is kept only as a shim that calls it);
 # - torch 2.13: `_checkpoint_without_reentrant_generator(fn, preserve_rng_state, context_fn, ..., *args, **kwargs)`.
-GENERATORS: tuple[str, ...] = (
-    "_checkpoint_without_reentrant_generator_impl",
-    "_checkpoint_without_reentrant_generator",
-)
+GENERATORS: tuple[str, ...] = CHECKPOINT_GENERATORS
 
 
 # ---- random state: what the forward drew from, restored around each recomputation -------
@@ -117,7 +115,7 @@ class _Barrier(torch.autograd.Function):
 
 def _needs_barrier(t: JaxTensor) -> bool:
     data = t._raw()
-    return type(data) is _lazy.LazyArray or isinstance(data, jax.core.Tracer)
+    return type(data) is _lazy.LazyArray or isinstance(data, Tracer)
 
 
 def barrier(args: tuple, anchors: tuple = ()) -> tuple:
@@ -225,10 +223,8 @@ _torch_checkpoint: list[Callable] = []  # torch's checkpoint as its wrapper woul
 
 def _original(*args: Any, **kwargs: Any) -> Any:
     if not _torch_checkpoint:
-        import torch._dynamo
-
         wrapped = _tc.checkpoint.__wrapped__  # type: ignore[attr-defined]  # (torch decorates it at runtime)
-        _torch_checkpoint.append(torch._dynamo.disable(wrapped, True, wrapping=False))
+        _torch_checkpoint.append(dynamo_disable(wrapped, True, wrapping=False))
     return _torch_checkpoint[0](*args, **kwargs)
 
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
+from ..._compat import disable_current_modes
 from ..core._dtypes import x64_enabled
 from ..tensor._tensor import JaxTensor
 
@@ -73,7 +73,7 @@ def _from_meta(func, args, kwargs) -> tuple | None:
     margs = [_meta(a) for a in args]
     mkwargs = {k: ("meta" if k == "device" and v is not None else _meta(v)) for k, v in kwargs.items()}
     try:
-        with _disable_current_modes():
+        with disable_current_modes():
             out = func(*margs, **mkwargs)
     except Exception:  # no meta kernel, a data-dependent shape, a stricter check than the lowering's
         return None

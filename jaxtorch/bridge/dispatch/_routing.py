@@ -39,8 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import decomposition_table
 
+from ..._compat import decomposition_table, has_kernel_for_dispatch_key
 from ..core import _registry as registry
 from . import _foreach as foreach
 
@@ -294,7 +294,7 @@ def decomposition(op) -> Callable | None:
     d = decomposition_table.get(op)
     if d is not None:
         return d
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+    if has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         return op.decompose
     return None
 

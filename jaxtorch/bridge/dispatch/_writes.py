@@ -49,6 +49,7 @@ import jax
 import numpy as np
 import torch
 
+from ..._compat import Tracer
 from ..core._errors import JaxtorchError, StateWriteError
 from ..tensor import _tensor
 from ..tensor._tensor import JaxTensor, root
@@ -308,7 +309,7 @@ def read_only(tensors: Mapping[str, torch.Tensor], owner: str) -> Iterator[None]
 # region (`_remat`) records the tensors from outside it that it writes; a control-flow body
 # (`_control_flow`) refuses them. Each installs its check with `checking`, and each asks `made_in`
 # whether a tensor's data belongs to the trace: the one rule of what a traced region made.
-WriteCheck = Callable[[JaxTensor], None]
+WriteCheck = Callable[[torch.Tensor], None]
 
 
 def _install(check: WriteCheck) -> None:
@@ -351,7 +352,7 @@ def check_writes(args: Any, kwargs: Any, mutated: Any) -> None:
     for i, name, kw_only in mutated:
         t = kwargs.get(name) if (kw_only or i >= len(args)) else args[i]
         if isinstance(t, torch.Tensor):
-            _tensor._check_write(t)  # type: ignore[arg-type]  # (compile's check takes any tensor)
+            _tensor._check_write(t)
 
 
 def made_in(data: Any, trace: Any = None) -> bool:
@@ -359,8 +360,8 @@ def made_in(data: Any, trace: Any = None) -> bool:
     region, or given to it as an input. With `trace=None`, a value of any trace (a tensor holding
     a concrete array was made outside every trace).
 
-    **Example:** `made_in(root_data(t), _jax_core.trace_ctx.trace)`.
+    **Example:** `made_in(root_data(t), trace_ctx.trace)`.
     """
-    if not isinstance(data, jax.core.Tracer):
+    if not isinstance(data, Tracer):
         return False
     return trace is None or getattr(data, "_trace", None) is trace

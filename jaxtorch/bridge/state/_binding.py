@@ -39,9 +39,9 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
-import jax
 import torch
 
+from ..._compat import Tracer
 from ..core._errors import ParamsError
 from ..dispatch._writes import read_only
 from ..tensor._tensor import JaxTensor, root, root_data, set_root_data
@@ -62,8 +62,8 @@ def _restore(target: dict, saved: dict) -> None:
 def _holds_tracer(v: Any) -> bool:
     """Whether `v` (a tensor, array or container of them) holds a JAX tracer."""
     if isinstance(v, JaxTensor):
-        return isinstance(root_data(v), jax.core.Tracer)
-    if isinstance(v, jax.core.Tracer):
+        return isinstance(root_data(v), Tracer)
+    if isinstance(v, Tracer):
         return True
     if isinstance(v, (list, tuple)):
         return any(_holds_tracer(x) for x in v)

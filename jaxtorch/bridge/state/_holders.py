@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..._compat import Tracer
 from ..core import _pytrees as pytrees
 from ..tensor._convert import array_to_torch, tensor_to_jax
 from ..tensor._tensor import JaxTensor, labelled, make_view, root, view_fn, view_key, was_written, write
@@ -270,7 +271,7 @@ class Slot(int):
 
 def is_array_like(x) -> bool:
     """A torch tensor, `jax.Array` or tracer: what an argument walk takes as data."""
-    return isinstance(x, (torch.Tensor, jax.Array, jax.core.Tracer))
+    return isinstance(x, (torch.Tensor, jax.Array, Tracer))
 
 
 def _is_holder(x) -> bool:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..._compat import ConvNd, Tracer
 from ._binding import named_state
 
 ConvLayout = Literal["torch", "flax"]
@@ -62,7 +63,7 @@ def conv_kernels(module: torch.nn.Module, conv_layout: ConvLayout = "flax") -> K
     convs = {
         id(m.weight)
         for m in module.modules()
-        if isinstance(m, torch.nn.modules.conv._ConvNd)
+        if isinstance(m, ConvNd)
         and not m.transposed
         and not isinstance(m.weight, torch.nn.parameter.UninitializedParameter)
     }
@@ -122,7 +123,7 @@ def _relayout(value, perm: tuple[int, ...]):
         return value.detach().permute(perm)
     if (
         isinstance(value, jax.Array)
-        and not isinstance(value, jax.core.Tracer)
+        and not isinstance(value, Tracer)
         and value.is_fully_addressable
         and len(value.devices()) == 1
         and next(iter(value.devices())).platform == "cpu"

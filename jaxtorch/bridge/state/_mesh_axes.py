@@ -34,6 +34,7 @@ import jax
 import torch
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
+from ..._compat import Tracer
 from ..tensor._tensor import JaxTensor, root, root_data
 from ._binding import Binding
 
@@ -97,7 +98,7 @@ class _Region:
             return out
 
         def place(x):
-            if not isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            if not isinstance(x, jax.Array) and not isinstance(x, Tracer):
                 return x
             if _explicit(x) is not None:
                 return x
@@ -146,7 +147,7 @@ def auto_axes(tree, data=None) -> Iterator[_Region]:
         (
             root_data(t).sharding.mesh
             for t in roots
-            if isinstance(root_data(t), jax.Array) and not isinstance(root_data(t), jax.core.Tracer)
+            if isinstance(root_data(t), jax.Array) and not isinstance(root_data(t), Tracer)
         ),
         None,
     )

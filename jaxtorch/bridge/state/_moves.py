@@ -32,6 +32,7 @@ from collections.abc import Iterator
 import torch
 from torch.nn.parameter import is_lazy
 
+from ..._compat import parse_to, swap_tensor_impl
 from ..core._errors import JaxtorchError
 from ..tensor._device import DEVICE_TYPE, is_jax_device
 from ..tensor._tensor import JaxTensor, own_root
@@ -61,7 +62,7 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
         a, b = getattr(t1, name), getattr(t2, name)
         setattr(t1, name, b)
         setattr(t2, name, a)
-    torch._C._swap_tensor_impl(t1, t2)
+    swap_tensor_impl(t1, t2)
 
 
 def _holds_jax(module: torch.nn.Module) -> bool:
@@ -144,7 +145,7 @@ def install_module_moves() -> None:
 
     @functools.wraps(torch_to)
     def to(self, *args, **kwargs):
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        device = parse_to(*args, **kwargs)[0]
         if device is not None and (device.type == DEVICE_TYPE or _holds_jax(self)):
             with _keeping_parameters(self):
                 return torch_to(self, *args, **kwargs)

@@ -26,8 +26,8 @@ import weakref
 
 import jax
 import torch
-from jax._src import core as _core
 
+from ..._compat import Tracer, trace_ctx
 from ..tensor._tensor import JaxTensor, root, root_data, set_same_data
 
 _names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
@@ -88,12 +88,12 @@ def _barrier_outputs(output) -> None:
     for t in output if isinstance(output, (tuple, list)) else (output,):
         if type(t) is JaxTensor and root(t) is t and t.dtype.is_floating_point:
             e = root_data(t)
-            if isinstance(e, _core.Tracer):
+            if isinstance(e, Tracer):
                 set_same_data(t, gradient_barrier(e))
 
 
 def _pre(module, args):
-    if _core.trace_ctx.is_top_level():
+    if trace_ctx.is_top_level():
         return
     stack = getattr(_local, "stack", None)
     if stack is None:

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import torch
 
+from ..._compat import Tracer
 from ..core import _tracing
 from ._convert import tensor_to_jax, tree_map
 from ._tensor import JaxTensor
@@ -120,7 +121,7 @@ def call_jax(fn: Callable, *args, **kwargs) -> Any:
     if not diff or not torch.is_grad_enabled():
         arrays = [(_to_array(x) if isinstance(x, torch.Tensor) else x) for x in leaves]
         a, k = jax.tree_util.tree_unflatten(treedef, arrays)
-        return tree_map(lambda o: JaxTensor(o) if isinstance(o, (jax.Array, jax.core.Tracer)) else o, fn(*a, **k))
+        return tree_map(lambda o: JaxTensor(o) if isinstance(o, (jax.Array, Tracer)) else o, fn(*a, **k))
 
     out_tree = {}
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..._compat import ShapedArray, Tracer, lazy_clone, pytype_aval_mappings, register_canonicalize_value_handler
 from ..core._dtypes import check_int_range, holds, scalar_jax_dtype, to_jax_dtype, to_torch_dtype, x64_enabled
 from ..core._errors import MetaTensorError
 from ..core._pytrees import tree_map  # the one registry of containers (jax.tree_util, tensors as leaves)
@@ -47,7 +48,7 @@ def _is_dtype_like(x) -> bool:
 
 
 def _is_jax_array(x) -> bool:
-    return isinstance(x, (jax.Array, jax.core.Tracer))
+    return isinstance(x, (jax.Array, Tracer))
 
 
 # ---- no-copy views ------------------------------------------------------------------
@@ -147,7 +148,6 @@ def _frozen_host(t: torch.Tensor) -> np.ndarray | None:
     the data, and the old memory, held by the clone, stays as it was. Reads do not copy.
     Storages torch does not own (`from_numpy`, mmap, DLPack) cannot be made copy-on-write.
     """
-    lazy_clone = getattr(torch, "_lazy_clone", None)
     if lazy_clone is None or not hasattr(t, "const_data_ptr"):  # older torch: the caller copies
         return None
     ptr = t.const_data_ptr()  # the read-only accessor: does not trigger a copy-on-write copy
@@ -349,7 +349,7 @@ def array_to_torch(a, *, copy: bool = True, dtype: torch.dtype | None = None) ->
     tensor the array came from, when the array stores it (a `torch.int64` tensor held as
     int32 without x64 comes back `torch.int64`); by default, the array's own dtype.
     """
-    if isinstance(a, jax.core.Tracer):
+    if isinstance(a, Tracer):
         from ..core._errors import DataDependentError
 
         raise DataDependentError("conversion to a CPU torch.Tensor", "A traced value has no data yet.")
@@ -468,10 +468,8 @@ __all__ = [
 # ---- torch tensors as JAX inputs ----------------------------------------------------------------
 def _aval_of_tensor(t: torch.Tensor):
     """The abstract value JAX gives a torch tensor argument: its shape, its dtype as `to_jax` converts it."""
-    from jax._src import core as jax_core
-
     _check_dense(t)
-    return jax_core.ShapedArray(tuple(t.shape), to_jax_dtype(t.dtype))
+    return ShapedArray(tuple(t.shape), to_jax_dtype(t.dtype))
 
 
 def _register_tensors_as_jax_inputs() -> bool:
@@ -486,12 +484,8 @@ def _register_tensors_as_jax_inputs() -> bool:
 
     **Example:** after it, `jax.jit(lambda x: x * 2)(torch.ones(3))` is `Array([2., 2., 2.])`.
     """
-    try:
-        from jax._src import core as jax_core
-        from jax._src import dtypes as jax_dtypes
-
-        avals, register = jax_core.pytype_aval_mappings, jax_dtypes.register_canonicalize_value_handler
-    except (ImportError, AttributeError):  # pragma: no cover - another JAX
+    avals, register = pytype_aval_mappings, register_canonicalize_value_handler
+    if avals is None or register is None:  # pragma: no cover - another JAX
         return False
     if torch.Tensor not in avals:
         avals[torch.Tensor] = _aval_of_tensor

@@ -24,8 +24,16 @@ from pathlib import Path
 
 import jax
 import torch
-import torch.utils.backend_registration as _br
 
+from ..._compat import (
+    current_autograd_node,
+    current_graph_task_id,
+    get_engine_run_backward,
+    privateuse1_backend_name,
+    set_engine_run_backward,
+    setup_privateuse1_python_backend,
+    torch_version,
+)
 from ._device_module import DEVICE_MODULE
 
 DEVICE_TYPE = "jax"
@@ -51,8 +59,8 @@ def guard_cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "jaxtorch"
     )
     key = hashlib.sha256(_GUARD_SOURCE.read_bytes())
-    key.update(f"{torch.__version__} {sys.implementation.cache_tag} {sysconfig.get_platform()}".encode())
-    tag = f"torch-{torch.__version__}-{sys.implementation.cache_tag}-{key.hexdigest()[:16]}"
+    key.update(f"{torch_version()} {sys.implementation.cache_tag} {sysconfig.get_platform()}".encode())
+    tag = f"torch-{torch_version()}-{sys.implementation.cache_tag}-{key.hexdigest()[:16]}"
     return Path(root, "device_guard", tag)
 
 
@@ -63,8 +71,8 @@ def _import_guard(path: Path):
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if module.TORCH_VERSION != torch.__version__:
-        raise ImportError(f"{path} was built for torch {module.TORCH_VERSION}, not {torch.__version__}")
+    if module.TORCH_VERSION != torch_version():
+        raise ImportError(f"{path} was built for torch {module.TORCH_VERSION}, not {torch_version()}")
     return module
 
 
@@ -99,7 +107,7 @@ def _compile_guard(directory: Path, target: Path):
             return _import_guard(target), "cached"
         # measured: 12-13 s on 2 cores shared with many busy processes (load ~16); less on a quiet machine
         print(
-            f"jaxtorch: compiling its C++ device guard once for torch {torch.__version__} (at most about 15 s; "
+            f"jaxtorch: compiling its C++ device guard once for torch {torch_version()} (at most about 15 s; "
             f"cached in {directory})",
             file=sys.stderr,
             flush=True,
@@ -110,7 +118,7 @@ def _compile_guard(directory: Path, target: Path):
                 _GUARD_NAME,
                 [str(_GUARD_SOURCE)],
                 build_directory=str(build),
-                extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch.__version__}"],
+                extra_cflags=[f"-DJAXTORCH_TORCH_VERSION={torch_version()}"],
             )
             built = next(build.glob(f"{_GUARD_NAME}*.so"), None) or next(build.glob(f"{_GUARD_NAME}*.pyd"))
             os.replace(built, target)
@@ -203,17 +211,17 @@ _KEPT = _Kept()  # what an op the engine called returns in place of raising: C++
 
 def _keep(e: BaseException) -> bool:
     """Keep `e` for the backward pass running on this thread; False (keep nothing) outside one."""
-    task = torch._C._current_graph_task_id()
+    task = current_graph_task_id()
     if task < 0:
         return False
     with _kept_lock:
-        _kept.setdefault(task, (e, torch._C._current_autograd_node()))
+        _kept.setdefault(task, (e, current_autograd_node()))
     return True
 
 
 def _failed_here() -> bool:
     """Whether the backward pass running on this thread has already kept an exception."""
-    return bool(_kept) and torch._C._current_graph_task_id() in _kept
+    return bool(_kept) and current_graph_task_id() in _kept
 
 
 def engine_entry(fn: Callable, depth: int = 0) -> Callable:
@@ -294,9 +302,7 @@ def _keep_backward_errors() -> None:
     kept by jaxtorch's entry points (`engine_entry`, `keep_hook_errors`) and raised here, as it was,
     once torch's engine returns. An exception lost anyway (CPython's bare `SystemError: ... returned NULL
     without setting an exception`) becomes an error naming the way out."""
-    import torch.autograd as autograd
-
-    run = autograd._engine_run_backward
+    run = get_engine_run_backward()
     if getattr(run, "_jaxtorch_wrapped", False):
         return
 
@@ -325,7 +331,7 @@ def _keep_backward_errors() -> None:
         raise kept  # the user's exception, with its traceback (outside `except`: no context added)
 
     engine_run_backward._jaxtorch_wrapped = True  # type: ignore[attr-defined]
-    autograd._engine_run_backward = engine_run_backward
+    set_engine_run_backward(engine_run_backward)
 
 
 _LOST_MESSAGE = (
@@ -360,12 +366,12 @@ def install() -> None:
     **Example:** `install(); torch.zeros(2, device="jax")`.
     """
     global CPP_GUARD
-    if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
+    if privateuse1_backend_name() != DEVICE_TYPE:
         torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
         CPP_GUARD = _load_cpp_guard()
         if not CPP_GUARD:
             _keep_backward_errors()
-        _br._setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=DEVICE_MODULE)
+        setup_privateuse1_python_backend(DEVICE_TYPE, backend_module=DEVICE_MODULE)
         if torch.cuda.is_available():
             warnings.warn(_ONE_ACCELERATOR, stacklevel=4)
 

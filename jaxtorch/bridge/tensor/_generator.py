@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from ..._compat import TorchGenerator
 from ._device import JAX_DEVICE, is_jax_device
 
-_TorchGenerator = torch._C.Generator  # torch's own class (what `torch.Generator` was)
+_TorchGenerator = TorchGenerator  # torch's own class (what `torch.Generator` was)
 
 
 class JaxGenerator(_TorchGenerator):

@@ -36,6 +36,14 @@ import jax.numpy as jnp
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..._compat import (
+    make_wrapper_subclass,
+    rebuild_from_type_v2,
+    rebuild_parameter,
+    rebuild_parameter_with_state,
+    rebuild_tensor_code,
+    rebuild_tensor_v2,
+)
 from ..core._dtypes import _TORCH_TO_NP, check_int_range, narrowed_range, to_jax_dtype
 
 _TOKENS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # root tensor -> (nbytes, mmap, storage)
@@ -54,10 +62,10 @@ def reduce(t: torch.Tensor, protocol: int) -> tuple:
     if getattr(t, "_is_param", False):  # `nn.Parameter(jax_tensor)` keeps the jax tensor's class
         if state:
             return (
-                torch._utils._rebuild_parameter_with_state,
+                rebuild_parameter_with_state,
                 (cpu, t.requires_grad, collections.OrderedDict(), state),
             )
-        return (torch._utils._rebuild_parameter, (cpu, t.requires_grad, collections.OrderedDict()))
+        return (rebuild_parameter, (cpu, t.requires_grad, collections.OrderedDict()))
     args: tuple = (
         cpu._typed_storage(),
         cpu.storage_offset(),
@@ -67,8 +75,8 @@ def reduce(t: torch.Tensor, protocol: int) -> tuple:
         collections.OrderedDict(),
     )
     if state:
-        return (torch._tensor._rebuild_from_type_v2, (torch._utils._rebuild_tensor_v2, torch.Tensor, args, state))
-    return (torch._utils._rebuild_tensor_v2, args)
+        return (rebuild_from_type_v2, (rebuild_tensor_v2, torch.Tensor, args, state))
+    return (rebuild_tensor_v2, args)
 
 
 def storage_of(root: torch.Tensor) -> torch.UntypedStorage:
@@ -152,7 +160,7 @@ def _jax_deserialize(obj, location: str):
         )
     cpu = obj if obj.device.type == "cpu" else obj.cpu()
     # an empty storage on the jax device (a wrapper's own, with no bytes): torch reads its device
-    holder: torch.Tensor = torch.Tensor._make_wrapper_subclass(
+    holder: torch.Tensor = make_wrapper_subclass(
         _HOLDER_TYPE, (0,), dtype=torch.uint8, device=torch.device("jax", 0), storage_size=0
     )
     handle = torch.Tensor.untyped_storage(holder)
@@ -198,7 +206,7 @@ def _file_dtype(dtype: torch.dtype) -> torch.dtype:
     for _ in range(8):
         if frame is None:
             break
-        if frame.f_code is torch._utils._rebuild_tensor.__code__:
+        if frame.f_code is rebuild_tensor_code:
             storage = frame.f_locals.get("storage")
             return getattr(storage, "dtype", dtype)
         frame = frame.f_back  # type: ignore[assignment]

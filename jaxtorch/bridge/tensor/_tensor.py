@@ -29,6 +29,15 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..._compat import (
+    DispatchKey,
+    DispatchKeySet,
+    ExcludeDispatchKeyGuard,
+    TensorBase,
+    Tracer,
+    disabled_torch_function_impl,
+    make_wrapper_subclass,
+)
 from ..core import _lazy
 from ..core._autodiff import keep_tangent, stop_gradient
 from ..core._dtypes import to_jax_dtype, to_torch_dtype
@@ -37,7 +46,7 @@ from . import _serialization
 from ._device import JAX_DEVICE, engine_entry
 
 _Lazy = _lazy.LazyArray
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -45,7 +54,7 @@ _grad_enabled = torch.is_grad_enabled
 # `rebind` change their shape in place with `as_strided_`.
 _VIRTUAL_STORAGE = 1 << 40
 _TORCH_DTYPE: dict = {}  # jax dtype -> the torch dtype of a bare array of it (int32 -> torch.int32)
-_make_wrapper = torch.Tensor._make_wrapper_subclass
+_make_wrapper = make_wrapper_subclass
 
 
 def _no_dispatch(func, args, kwargs):
@@ -110,7 +119,7 @@ class JaxTensor(torch.Tensor):
             if dtype is None:  # not seen yet
                 dtype = _TORCH_DTYPE[elem.dtype] = to_torch_dtype(elem.dtype)
         if requires_grad:
-            r = torch.Tensor._make_wrapper_subclass(
+            r = make_wrapper_subclass(
                 cls, elem.shape, dtype=dtype, device=JAX_DEVICE, requires_grad=True, storage_size=_VIRTUAL_STORAGE
             )
         else:  # (one keyword argument fewer to parse on the hot path)
@@ -122,7 +131,7 @@ class JaxTensor(torch.Tensor):
 
     # (no `__init__`: `object.__init__` ignores the arguments `__new__` took)
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    __torch_function__ = disabled_torch_function_impl  # type: ignore[assignment]
 
     # (torch's stub declares `Tensor.__torch_dispatch__` a plain function; torch's own subclasses ignore it too)
     @classmethod
@@ -133,13 +142,13 @@ class JaxTensor(torch.Tensor):
     # the JAX data along with torch's metadata.
     @property
     def data(self) -> torch.Tensor:
-        return torch._C.TensorBase.data.__get__(self)  # type: ignore[attr-defined]  # (a descriptor; the stub says Tensor)
+        return TensorBase.data.__get__(self)  # type: ignore[attr-defined]  # (a descriptor; the stub says Tensor)
 
     @data.setter
     def data(self, value: torch.Tensor) -> None:
         if write_checks:
             _check_write(self)
-        torch._C.TensorBase.data.__set__(self, value)  # type: ignore[attr-defined]  # (as above)
+        TensorBase.data.__set__(self, value)  # type: ignore[attr-defined]  # (as above)
         if isinstance(value, JaxTensor):
             new, old = value._raw(), self._raw()
             if (
@@ -277,7 +286,7 @@ class JaxTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents=None) -> str:  # type: ignore[override]
         elem = self._concrete("print/repr of a tensor")
-        traced = isinstance(elem, jax.core.Tracer)
+        traced = isinstance(elem, Tracer)
         if self.grad_fn is not None:
             grad = f", grad_fn=<{type(self.grad_fn).__name__}>"
         else:
@@ -303,7 +312,7 @@ class JaxTensor(torch.Tensor):
 
 
 def _concrete(x, what: str):
-    if isinstance(x, jax.core.Tracer):
+    if isinstance(x, Tracer):
         from ..core._errors import DataDependentError
 
         raise DataDependentError(what)
@@ -313,7 +322,7 @@ def _concrete(x, what: str):
 # ---- the two directions of the bridge, for single values -----------------------------
 def wrap(x) -> Any:
     """jax.Array -> JaxTensor; anything else unchanged."""
-    if isinstance(x, (jax.Array, jax.core.Tracer)):
+    if isinstance(x, (jax.Array, Tracer)):
         return JaxTensor(x)
     return x
 
@@ -553,9 +562,7 @@ def scatter_view(root, view_fn: Callable, value):
     return flat.reshape(root.shape)
 
 
-_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.PythonTLSSnapshot
-)
+_PYTHON_KEYS = DispatchKeySet(DispatchKey.Python) | DispatchKeySet(DispatchKey.PythonTLSSnapshot)
 
 
 def rebind(t: JaxTensor, src: JaxTensor) -> None:
@@ -571,7 +578,7 @@ def rebind(t: JaxTensor, src: JaxTensor) -> None:
     for n in reversed(shape):
         strides.append(acc)
         acc *= max(n, 1)
-    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
+    with ExcludeDispatchKeyGuard(_PYTHON_KEYS):
         torch.ops.aten.as_strided_.default(t, list(shape), list(reversed(strides)), 0)
     root = src._jt_base
     if root is None or root is t:
