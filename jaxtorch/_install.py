@@ -172,13 +172,12 @@ _DONE: list[Installed] = []
 
 
 def install_all() -> None:
-    """Run every step of `INSTALLS` in order, once (a second call does nothing).
+    """Run every step of `INSTALLS` in order, once (a second call does nothing). A step that raised
+    (an interrupted first import) is run again by the next call, with the ones after it.
 
     **Example:** `install_all(); installed()[0].name` is `"device"`.
     """
-    if _DONE:
-        return
-    for step in INSTALLS:
+    for step in INSTALLS[len(_DONE) :]:
         step.install()
         _DONE.append(Installed(step.name, step.patches))
 

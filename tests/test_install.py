@@ -13,6 +13,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint as torch_checkpoint
@@ -267,3 +268,26 @@ def test_a_submodule_imported_alone_is_installed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(len(_install.INSTALLS)), "True", "4.0"]
+
+
+def test_an_interrupted_install_is_finished_by_the_next_call(monkeypatch):
+    """A step that raised during `import jaxtorch` is not marked done: the next `install_all()` runs it
+    and every step after it, never leaving jaxtorch half-installed."""
+    from jaxtorch import _install
+
+    done = list(_install._DONE)
+    calls = []
+    steps = tuple(s._replace(install=lambda s=s: calls.append(s.name)) for s in _install.INSTALLS)
+
+    def broken() -> None:
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(_install, "INSTALLS", steps[:-2] + (steps[-2]._replace(install=broken), steps[-1]))
+    monkeypatch.setattr(_install, "_DONE", done[:-2])
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _install.install_all()
+    assert [r.name for r in _install._DONE] == [r.name for r in done[:-2]] and calls == []
+    monkeypatch.setattr(_install, "INSTALLS", steps)
+    _install.install_all()
+    assert calls == [steps[-2].name, steps[-1].name]
+    assert [r.name for r in _install._DONE] == [r.name for r in done]
